@@ -1,0 +1,180 @@
+"""The lifecycle REST API (DESIGN 2.7), used by people and by the operator alike.
+
+Mutations need ``Authorization: Bearer <admin key>`` when a key is configured.  Every mutation goes
+through the one lifecycle path; a body that fails validation changes nothing and gets a 400 naming
+the field.  SGLang-router compatible aliases: ``POST /add_worker?url=``, ``POST /remove_worker?url=``,
+``GET /list_workers``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from smg_router.core import ROUTER, RouterCore
+from smg_router.errors import BadRequest, NotFound, Unauthorized
+from smg_router.handlers import read_body
+from smg_router.routing_text import parse_body
+from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
+
+ADMIN_BODY_LIMIT = 64 * 1024
+PATCHABLE = frozenset({"labels", "priority", "draining"})
+
+
+def _core(request: web.Request) -> RouterCore:
+    return request.app[ROUTER]
+
+
+def _authorize(request: web.Request) -> RouterCore:
+    core = _core(request)
+    key = core.settings.server.admin_api_key
+    if key:
+        given = request.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise Unauthorized("this call needs the admin API key as 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+    return core
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+def _worker_json(core: RouterCore, worker: Worker) -> dict[str, Any]:
+    return worker.to_json(core.loads.backend(worker.id))
+
+
+def _find(core: RouterCore, worker_id: str) -> Worker:
+    worker = core.registry.get(worker_id)
+    if worker is None:
+        raise NotFound(f"no worker with id {worker_id!r}", code="worker_not_found")
+    return worker
+
+
+async def _spec_body(request: web.Request) -> dict[str, Any]:
+    return parse_body(await read_body(request, ADMIN_BODY_LIMIT))
+
+
+def _spec(data: object, base: WorkerSpec | None = None) -> WorkerSpec:
+    try:
+        return WorkerSpec.from_json(data, base=base)
+    except SpecError as e:
+        raise BadRequest(str(e), code="invalid_field") from None
+
+
+async def _register(core: RouterCore, spec: WorkerSpec) -> web.Response:
+    worker, created = core.lifecycle.add(spec)
+    if created and core.health is not None:
+        await core.health.probe(worker)  # answer with a real status, not "pending", when it is healthy
+    return _json(_worker_json(core, worker), 201 if created else 200)
+
+
+async def create_worker(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    return await _register(core, _spec(await _spec_body(request)))
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    core = _core(request)
+    return _json({"workers": [_worker_json(core, w) for w in core.registry]})
+
+
+async def get_worker(request: web.Request) -> web.Response:
+    core = _core(request)
+    return _json(_worker_json(core, _find(core, request.match_info["worker_id"])))
+
+
+async def patch_worker(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    worker = _find(core, request.match_info["worker_id"])
+    data = await _spec_body(request)
+    bad = sorted(set(data) - PATCHABLE)
+    if bad:
+        raise BadRequest(f"{bad[0]}: cannot be patched (patchable: {', '.join(sorted(PATCHABLE))}); "
+                         "use PUT to replace the worker", code="invalid_field")
+    draining = data.pop("draining", None)
+    if draining is not None and not isinstance(draining, bool):
+        raise BadRequest("draining: must be true or false", code="invalid_field")
+    spec = _spec(data, base=worker.spec)  # validate everything before changing anything
+    core.lifecycle.update(worker, spec)
+    if draining is not None:
+        core.lifecycle.set_draining(worker, draining)
+    return _json(_worker_json(core, worker))
+
+
+async def put_worker(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    worker = _find(core, request.match_info["worker_id"])
+    data = await _spec_body(request)
+    if isinstance(data, dict):
+        data.setdefault("url", worker.url)
+    spec = _spec(data)
+    if spec.model_id is None and worker.model_id is not None:
+        spec = replace(spec, model_id=worker.model_id)
+    core.lifecycle.update(worker, spec)
+    return _json(_worker_json(core, worker))
+
+
+async def delete_worker(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    worker = _find(core, request.match_info["worker_id"])
+    timeout = _drain_timeout(request, core)
+    drained = await core.lifecycle.remove(worker, drain_timeout=timeout)
+    return _json({"removed": _worker_json(core, worker), "drained": drained})
+
+
+def _drain_timeout(request: web.Request, core: RouterCore) -> float:
+    raw = request.query.get("timeout")
+    if raw is None:
+        return core.settings.server.drain_timeout
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest("timeout: must be a number of seconds", code="invalid_field") from None
+    if value < 0:
+        raise BadRequest("timeout: must not be negative", code="invalid_field")
+    return value
+
+
+# -- SGLang router compatibility ----------------------------------------------------------------
+def _query_url(request: web.Request) -> str:
+    try:
+        return normalize_url(request.query.get("url"))
+    except SpecError as e:
+        raise BadRequest(str(e), code="invalid_field") from None
+
+
+async def add_worker_compat(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    return await _register(core, _spec({"url": _query_url(request)}))
+
+
+async def remove_worker_compat(request: web.Request) -> web.Response:
+    core = _authorize(request)
+    url = _query_url(request)
+    worker = core.registry.by_url(url)
+    if worker is None:
+        raise NotFound(f"no worker with url {url}", code="worker_not_found")
+    drained = await core.lifecycle.remove(worker, drain_timeout=_drain_timeout(request, core))
+    return _json({"removed": _worker_json(core, worker), "drained": drained})
+
+
+async def list_workers_compat(request: web.Request) -> web.Response:
+    return _json({"urls": [w.url for w in _core(request).registry]})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/workers", create_worker)
+    app.router.add_get("/workers", list_workers)
+    app.router.add_get("/workers/{worker_id}", get_worker)
+    app.router.add_patch("/workers/{worker_id}", patch_worker)
+    app.router.add_put("/workers/{worker_id}", put_worker)
+    app.router.add_delete("/workers/{worker_id}", delete_worker)
+    app.router.add_post("/add_worker", add_worker_compat)
+    app.router.add_post("/remove_worker", remove_worker_compat)
+    app.router.add_get("/list_workers", list_workers_compat)

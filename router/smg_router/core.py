@@ -1,0 +1,90 @@
+"""RouterCore: the router's parts wired together once, and their background tasks.
+
+Built by ``app.build_app`` and stored under the ``ROUTER`` AppKey; handlers reach everything through it.
+The background tasks (health checks, load polling, tree eviction) are named, start with the app and are
+cancelled and awaited when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from smg_router.metrics import Metrics
+from smg_router.policies.factory import PolicyFactory
+from smg_router.policies.registry import PolicyRegistry
+from smg_router.proxy import Proxy
+from smg_router.settings import Settings
+from smg_router.upstream import Upstream
+from smg_router.workers.health import HealthChecker
+from smg_router.workers.lifecycle import Lifecycle
+from smg_router.workers.load import LoadView
+from smg_router.workers.load_monitor import LoadMonitor
+from smg_router.workers.registry import WorkerRegistry
+from smg_router.workers.worker import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+
+class RouterCore:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.loads = LoadView(max_age=settings.load.max_age)
+        self.registry = WorkerRegistry()
+        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
+        self.policies = PolicyRegistry(factory, settings.policy)
+        self.metrics.add_tree_size_source(self.policies.tree_sizes)
+        self.lifecycle = Lifecycle(registry=self.registry, policies=self.policies, loads=self.loads,
+                                   metrics=self.metrics, retry=settings.retry)
+        self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
+                                 total_timeout=settings.server.request_timeout)
+        self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
+                           metrics=self.metrics, retry=settings.retry)
+        self._control: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self.load_monitor: LoadMonitor | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        routable = [w for w in self.registry if w.routable]
+        return bool(routable), {"workers": len(self.registry), "routable": len(routable)}
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        self.health = HealthChecker(session=self._control, lifecycle=self.lifecycle, settings=self.settings.health)
+        self.load_monitor = LoadMonitor(session=self._control, registry=self.registry, policies=self.policies,
+                                        loads=self.loads, metrics=self.metrics, settings=self.settings.load)
+        for url in self.settings.worker_urls:
+            self.lifecycle.add(WorkerSpec.from_json({"url": url, "model_id": self.settings.model_id}))
+        self._spawn("smg-health-checker", self.health.run())
+        self._spawn("smg-load-monitor", self.load_monitor.run())
+        self._spawn("smg-tree-eviction", self._evict_periodically())
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.upstream.close()
+        if self._control is not None:
+            await self._control.close()
+
+    def _spawn(self, name: str, coro: Any) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
+
+    async def _evict_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.policy.eviction_interval)
+            self.policies.maintain()
+
+
+ROUTER = web.AppKey("router", RouterCore)

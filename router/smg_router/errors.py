@@ -1,0 +1,67 @@
+"""One exception hierarchy for the router, each mapped to an OpenAI-shaped JSON error response.
+
+Handlers raise these; the error middleware in ``app.py`` turns any of them into
+``{"error": {"message", "type", "code"}}`` with the right status.  Nothing else builds error bodies.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+
+class RouterError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.type
+        if status is not None:
+            self.status = status
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, type=self.type, code=self.code)
+
+
+class BadRequest(RouterError):
+    status, type = 400, "invalid_request_error"
+
+
+class Unauthorized(RouterError):
+    status, type = 401, "authentication_error"
+
+
+class NotFound(RouterError):
+    status, type = 404, "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist or no worker serves it", code="model_not_found")
+
+
+class Conflict(RouterError):
+    status, type = 409, "conflict_error"
+
+
+class PayloadTooLarge(RouterError):
+    status, type = 413, "invalid_request_error"
+
+
+class NoWorkerAvailable(RouterError):
+    status, type = 503, "service_unavailable"
+
+
+class UpstreamError(RouterError):
+    status, type = 502, "upstream_error"
+
+
+class UpstreamTimeout(RouterError):
+    status, type = 504, "upstream_timeout"
+
+
+def error_response(status: int, message: str, *, type: str, code: str | None = None) -> web.Response:
+    body = orjson.dumps({"error": {"message": message, "type": type, "code": code or type}})
+    return web.Response(status=status, body=body, content_type="application/json")

@@ -1,0 +1,83 @@
+"""Thin data-plane handlers: read and parse the body, hand it to the proxy, answer.
+
+Also the probes (``/health``, ``/liveness``, ``/readiness``), ``/v1/models`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from smg_router.core import ROUTER, RouterCore
+from smg_router.errors import PayloadTooLarge
+from smg_router.metrics import CONTENT_TYPE
+from smg_router.proxy import Routed
+from smg_router.routing_text import parse_request
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
+                              code="payload_too_large")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
+
+
+def _generation(kind: str, endpoint: str):  # type: ignore[no-untyped-def]
+    async def handler(request: web.Request) -> web.StreamResponse:
+        core = request.app[ROUTER]
+        raw = await read_body(request, core.settings.server.max_payload_size)
+        parsed = parse_request(kind, raw)
+        model = core.proxy.resolve_model(parsed.model)
+        return await core.proxy.handle(request, Routed(endpoint, model, parsed.text, parsed.stream, raw))
+
+    handler.__name__ = f"{kind}_handler"
+    return handler
+
+
+chat_completions = _generation("chat", "/v1/chat/completions")
+completions = _generation("completions", "/v1/completions")
+generate = _generation("generate", "/generate")
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+async def models(request: web.Request) -> web.Response:
+    core: RouterCore = request.app[ROUTER]
+    names = sorted({w.model_id for w in core.registry if w.model_id is not None and w.routable})
+    return _json({"object": "list",
+                  "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]})
+
+
+async def liveness(request: web.Request) -> web.Response:
+    return _json({"status": "alive"})
+
+
+async def readiness(request: web.Request) -> web.Response:
+    core: RouterCore = request.app[ROUTER]
+    ready, detail = core.readiness()
+    return _json({"status": "ready" if ready else "not_ready", **detail}, 200 if ready else 503)
+
+
+async def health(request: web.Request) -> web.Response:
+    return await readiness(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    core: RouterCore = request.app[ROUTER]
+    return web.Response(body=core.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/liveness", liveness)
+    app.router.add_get("/readiness", readiness)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,84 @@
+"""Every metric the router exports, under the names of DESIGN 2.8; nothing else imports prometheus_client.
+
+Each router app owns its own ``CollectorRegistry`` (several routers can live in one test process).
+Tree sizes are read at scrape time from a callback, so the request path never touches that gauge and a
+removed worker's series disappears with its tenant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
+"""Yields (model, role, worker, chars) for every tenant of every tree."""
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DECISION_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01)
+_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+class _TreeSizeCollector(Collector):
+    def __init__(self, source: TreeSizeSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "smg_cache_tree_size_chars", "Characters each worker holds in a cache-aware tree",
+            labels=("model", "role", "worker"),
+        )
+        for model, role, worker, chars in self._source():
+            family.add_metric((model, role, worker), chars)
+        yield family
+
+
+class Metrics:
+    """The router's metrics.  Label values are server-controlled and bounded (workers leave with their series)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.cache_hits = Counter("smg_cache_tree_hits", "Cache-aware decisions that matched a tree prefix above "
+                                  "the threshold", ("model", "role"), registry=r)
+        self.cache_misses = Counter("smg_cache_tree_misses", "Cache-aware decisions below the match threshold",
+                                    ("model", "role"), registry=r)
+        self.fallbacks = Counter("smg_routing_fallbacks", "Decisions that did not follow the policy's main rule",
+                                 ("model", "role", "policy", "reason"), registry=r)
+        self.match_ratio = Histogram("smg_prefix_match_ratio", "Matched characters / routing text length",
+                                     ("model", "role"), buckets=_RATIO_BUCKETS, registry=r)
+        self.evictions = Counter("smg_cache_tree_evictions", "Characters evicted from cache-aware trees",
+                                 ("model", "role"), registry=r)
+        self.decision_seconds = Histogram("smg_routing_decision_seconds", "Time to choose a worker",
+                                          ("policy",), buckets=_DECISION_BUCKETS, registry=r)
+        self.requests = Counter("smg_requests", "Requests answered by the router",
+                                ("endpoint", "model", "status"), registry=r)
+        self.request_seconds = Histogram("smg_request_duration_seconds", "Request duration, end to end",
+                                         ("endpoint", "model"), buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("smg_time_to_first_token_seconds", "Time to the first streamed byte",
+                                      ("endpoint", "model"), buckets=_LATENCY_BUCKETS, registry=r)
+        self.worker_inflight = Gauge("smg_worker_inflight", "Requests this router has in flight to the worker",
+                                     ("worker", "role"), registry=r)
+        self.worker_backend_load = Gauge("smg_worker_backend_load", "Running + waiting requests the worker "
+                                         "reported at the last poll", ("worker", "role"), registry=r)
+        self.worker_healthy = Gauge("smg_worker_healthy", "1 when the worker is routable", ("worker", "role"),
+                                    registry=r)
+        self.lifecycle_events = Counter("smg_worker_lifecycle_events", "Worker registrations, updates, removals",
+                                        ("event", "role"), registry=r)
+        self.pd_requests = Counter("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
+        self.retries = Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
+
+    def add_tree_size_source(self, source: TreeSizeSource) -> None:
+        self.registry.register(_TreeSizeCollector(source))
+
+    def forget_worker(self, worker: str, role: str) -> None:
+        """Drop a removed worker's per-worker series so label values stay bounded."""
+        for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_healthy):
+            with contextlib.suppress(KeyError):
+                gauge.remove(worker, role)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,84 @@
+"""The policy interface and what every instance is built with.
+
+A policy chooses one worker among routable candidates.  It is told which workers it can reach through
+``sync`` (the one lifecycle path calls it after every add, update and removal) and never learns of
+workers any other way.  ``select`` is synchronous: the event loop is the lock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from smg_router.metrics import Metrics
+from smg_router.settings import PolicySettings
+from smg_router.workers.load import LoadView
+from smg_router.workers.worker import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a policy may look at: the model key and the routing text (the whole prompt)."""
+
+    model: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyContext:
+    """Handed to every instance by the factory; an instance cannot be built without it."""
+
+    settings: PolicySettings
+    loads: LoadView
+    metrics: Metrics
+    role: str
+    """The policy slot: regular, prefill or decode (the ``role`` label of its metrics)."""
+    rng: random.Random
+
+
+class Policy:
+    name: ClassVar[str]
+    uses_load: ClassVar[bool] = False
+    """Whether the policy reads the load snapshot (keeps the load monitor polling)."""
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+
+    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+        """Choose among ``workers`` (non-empty, all routable, stable order)."""
+        raise NotImplementedError
+
+    def sync(self, workers: Sequence[Worker]) -> None:
+        """The workers this instance can reach now (lifecycle).  Stateless policies ignore it."""
+
+    def maintain(self) -> None:
+        """Periodic upkeep (tree eviction)."""
+
+    def tree_sizes(self) -> Iterable[tuple[str, str, int]]:
+        """(model, worker url, chars) for every tenant of every tree this instance keeps."""
+        return ()
+
+    # -- helpers shared by the load-aware policies ------------------------------------------------
+    def loads_of(self, workers: Sequence[Worker], model: str, now: float) -> list[int]:
+        """Effective loads aligned with ``workers``; counts one ``no_load_data`` fallback if any is stale."""
+        effective = self.ctx.loads.effective
+        loads: list[int] = []
+        all_fresh = True
+        for w in workers:
+            load, fresh = effective(w, now)
+            loads.append(load)
+            all_fresh = all_fresh and fresh
+        if not all_fresh:
+            self.fallback(model, "no_load_data")
+        return loads
+
+    def fallback(self, model: str, reason: str) -> None:
+        self.ctx.metrics.fallbacks.labels(model, self.ctx.role, self.name, reason).inc()
+
+
+def least_loaded(workers: Sequence[Worker], loads: Sequence[int], among: Iterable[int] | None = None) -> int:
+    """Index of the least-loaded worker; ties go to fewer processed, then to the earlier one."""
+    indices = range(len(workers)) if among is None else among
+    return min(indices, key=lambda i: (loads[i], workers[i].processed, i))

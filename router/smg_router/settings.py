@@ -1,0 +1,201 @@
+"""Command line and environment → grouped, immutable settings.
+
+Every flag ``--foo-bar`` can also be set as ``SMG_FOO_BAR`` (Kubernetes passes configuration through
+the environment); a flag on the command line wins over the environment.  The groups are handed to
+the parts that need them: ``PolicySettings`` to every policy through the one factory, ``LoadSettings``
+to the load monitor, and so on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+POLICY_NAMES = ("random", "round_robin", "power_of_two", "least_load", "cache_aware")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicySettings:
+    """What every policy instance is built with, whatever slot or alias created it."""
+
+    name: str = "cache_aware"
+    """Default policy for regular workers (and for PD slots not given their own)."""
+    cache_threshold: float = 0.3
+    """A match is a hit only when matched_chars / len(text) is strictly greater than this."""
+    balance_abs_threshold: int = 64
+    """Imbalance needs max_load - min_load greater than this ..."""
+    balance_rel_threshold: float = 1.5
+    """... and max_load greater than min_load times this."""
+    eviction_interval: float = 120.0
+    """Seconds between periodic LRU evictions of the trees."""
+    max_tree_size: int = 2**26
+    """Characters a worker may hold in one tree before LRU eviction."""
+    high_water_ratio: float = 1.25
+    """Evict between periods as soon as a worker's tree passes max_tree_size times this."""
+    prefill_policy: str | None = None
+    """PD prefill slot policy; None means ``name``."""
+    decode_policy: str | None = None
+    """PD decode slot policy; None means ``name``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSettings:
+    """The load monitor: the workers' global backlog, shared by every policy."""
+
+    interval: float = 1.0
+    """Seconds between polls of each worker's /v1/loads (or /metrics)."""
+    timeout: float = 2.0
+    """Timeout of one poll."""
+    stale_after: float | None = None
+    """A snapshot entry older than this is not used; None means 3 intervals + 1 s."""
+
+    @property
+    def max_age(self) -> float:
+        return self.stale_after if self.stale_after is not None else 3 * self.interval + 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthSettings:
+    """Active health checks of every worker."""
+
+    interval: float = 5.0
+    timeout: float = 3.0
+    failure_threshold: int = 3
+    """Consecutive failed probes before a ready worker becomes not_ready."""
+    success_threshold: int = 1
+    """Consecutive good probes before a pending or not_ready worker becomes ready."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrySettings:
+    """Retries on another worker, only while nothing was sent to the client."""
+
+    max_retries: int = 2
+    backoff_initial: float = 0.05
+    backoff_max: float = 1.0
+    breaker_failure_threshold: int = 5
+    """Consecutive failures that open a worker's circuit breaker."""
+    breaker_cooldown: float = 10.0
+    """Seconds an open breaker waits before letting one trial request through (half-open)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_payload_size: int = 32 * 1024 * 1024
+    """Largest request body accepted (413 above)."""
+    request_timeout: float = 1800.0
+    """Upper bound of one upstream request, streaming included."""
+    connect_timeout: float = 5.0
+    drain_timeout: float = 30.0
+    """How long DELETE /workers/{id} waits for the worker's in-flight requests to finish."""
+    admin_api_key: str | None = None
+    """Bearer token the lifecycle API requires for mutations; None leaves it open."""
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    load: LoadSettings = field(default_factory=LoadSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    worker_urls: tuple[str, ...] = ()
+    model_id: str | None = None
+    """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
+
+
+def _env(name: str, default: object) -> object:
+    raw = os.environ.get("SMG_" + name.upper().replace("-", "_"))
+    return default if raw is None else raw
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="smg-router",
+        description="Cache-aware router for LLM inference workers. Every flag --x-y is also read "
+        "from the environment variable SMG_X_Y.",
+    )
+
+    def add(flag: str, default: object, *, type: type = str, help: str, **kw: object) -> None:
+        p.add_argument(flag, default=_env(flag.lstrip("-"), default), type=type, help=help, **kw)
+
+    s, pol, ld, h, r = ServerSettings(), PolicySettings(), LoadSettings(), HealthSettings(), RetrySettings()
+    add("--host", s.host, help="address to listen on")
+    add("--port", s.port, type=int, help="port to listen on")
+    p.add_argument(
+        "--worker-urls", nargs="*", default=_split(_env("worker-urls", "")),
+        help="regular workers to register at start (SMG_WORKER_URLS: comma or space separated)",
+    )
+    add("--model-id", None, help="model served by --worker-urls (default: ask each worker)")
+    add("--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
+    add("--prefill-policy", None, help="PD prefill policy (default --policy)")
+    add("--decode-policy", None, help="PD decode policy (default --policy)")
+    add("--cache-threshold", pol.cache_threshold, type=float, help="minimum prefix match rate for a hit")
+    add("--balance-abs-threshold", pol.balance_abs_threshold, type=int, help="imbalance: max - min > this")
+    add("--balance-rel-threshold", pol.balance_rel_threshold, type=float, help="imbalance: max > min * this")
+    add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
+    add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
+    add("--load-monitor-interval", ld.interval, type=float, help="seconds between worker load polls")
+    add("--health-check-interval", h.interval, type=float, help="seconds between worker health probes")
+    add("--health-failure-threshold", h.failure_threshold, type=int, help="failed probes before not_ready")
+    add("--max-retries", r.max_retries, type=int, help="retries on another worker before the first byte")
+    add("--breaker-failure-threshold", r.breaker_failure_threshold, type=int, help="failures that open a breaker")
+    add("--breaker-cooldown", r.breaker_cooldown, type=float, help="seconds before a half-open trial")
+    add("--max-payload-size", s.max_payload_size, type=int, help="largest request body in bytes")
+    add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
+    add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
+    add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
+    add("--log-level", s.log_level, help="debug, info, warning, error")
+    return p
+
+
+def _split(raw: object) -> list[str]:
+    return [u for u in str(raw).replace(",", " ").split() if u]
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    """Parse the command line (and environment) into Settings; exits with a message on bad input."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    for name in ("cache_threshold",):
+        if not 0.0 <= getattr(a, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be between 0 and 1")
+    if a.balance_rel_threshold < 1.0:
+        parser.error("--balance-rel-threshold must be at least 1.0")
+    if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
+        parser.error("intervals must be positive")
+    from smg_router.policies.factory import canonical_name  # late: keep settings import-light
+
+    for flag in ("policy", "prefill_policy", "decode_policy"):
+        value = getattr(a, flag)
+        if value is not None:
+            try:
+                setattr(a, flag, canonical_name(value))
+            except ValueError as e:
+                parser.error(f"--{flag.replace('_', '-')}: {e}")
+    return Settings(
+        server=ServerSettings(
+            host=a.host, port=a.port, max_payload_size=a.max_payload_size,
+            request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,
+            admin_api_key=a.admin_api_key or None, log_level=a.log_level,
+        ),
+        policy=PolicySettings(
+            name=a.policy, cache_threshold=a.cache_threshold,
+            balance_abs_threshold=a.balance_abs_threshold, balance_rel_threshold=a.balance_rel_threshold,
+            eviction_interval=a.eviction_interval, max_tree_size=a.max_tree_size,
+            prefill_policy=a.prefill_policy, decode_policy=a.decode_policy,
+        ),
+        load=LoadSettings(interval=a.load_monitor_interval),
+        health=HealthSettings(interval=a.health_check_interval, failure_threshold=a.health_failure_threshold),
+        retry=RetrySettings(
+            max_retries=a.max_retries, breaker_failure_threshold=a.breaker_failure_threshold,
+            breaker_cooldown=a.breaker_cooldown,
+        ),
+        worker_urls=tuple(_split(" ".join(a.worker_urls))),
+        model_id=a.model_id,
+    )

@@ -1,0 +1,109 @@
+"""The one lifecycle path: every worker add, update, status change and removal goes through here.
+
+Each mutation updates the registry, then re-syncs every policy instance (default, per-model, prefill,
+decode) to the workers it can reach, then the load view and the metrics.  Removal is ordered: drain
+(stop routing, wait for in-flight) → remove from the registry → re-sync the policies (the worker leaves
+every tree) → forget its load and metric series.  The admin API, the command line and the health
+checker all call this; nothing else mutates workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from smg_router.errors import BadRequest, Conflict
+from smg_router.metrics import Metrics
+from smg_router.policies.registry import PolicyRegistry
+from smg_router.settings import RetrySettings
+from smg_router.workers.breaker import CircuitBreaker
+from smg_router.workers.load import LoadView
+from smg_router.workers.registry import WorkerRegistry
+from smg_router.workers.worker import Worker, WorkerSpec, WorkerStatus
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, loads: LoadView,
+                 metrics: Metrics, retry: RetrySettings) -> None:
+        self.registry = registry
+        self.policies = policies
+        self.loads = loads
+        self.metrics = metrics
+        self._retry = retry
+
+    def add(self, spec: WorkerSpec) -> tuple[Worker, bool]:
+        """Register a worker; the same URL with the same spec is a no-op returning (existing, False)."""
+        existing = self.registry.by_url(spec.url)
+        if existing is not None:
+            if existing.spec == spec or (spec.model_id is None and _same_but_model(existing.spec, spec)):
+                return existing, False
+            raise Conflict(f"worker {spec.url} is already registered with another spec (id {existing.id}); "
+                           "use PUT or PATCH /workers/{id} to change it", code="worker_exists")
+        worker = Worker(spec, CircuitBreaker(failure_threshold=self._retry.breaker_failure_threshold,
+                                             cooldown=self._retry.breaker_cooldown))
+        self.registry.add(worker)
+        self._changed(worker, "added")
+        log.info("worker added: %s role=%s model=%s", spec.url, spec.role, spec.model_id)
+        return worker, True
+
+    def update(self, worker: Worker, spec: WorkerSpec) -> Worker:
+        if spec.url != worker.url:
+            raise BadRequest("url: cannot change a worker's URL; register the new URL and delete this one",
+                             code="invalid_field")
+        if spec == worker.spec:
+            return worker
+        old_role = worker.role
+        worker.spec = spec
+        if spec.role != old_role:
+            self.metrics.forget_worker(worker.url, old_role)
+        self._changed(worker, "updated")
+        log.info("worker updated: %s role=%s model=%s labels=%s", spec.url, spec.role, spec.model_id, spec.labels)
+        return worker
+
+    def set_status(self, worker: Worker, status: WorkerStatus) -> None:
+        if worker.status is status or self.registry.get(worker.id) is not worker:
+            return
+        log.info("worker %s: %s -> %s", worker.url, worker.status.value, status.value)
+        worker.status = status
+        self._publish_health(worker)
+
+    def set_draining(self, worker: Worker, draining: bool) -> None:
+        if draining:
+            self.set_status(worker, WorkerStatus.DRAINING)
+        elif worker.status is WorkerStatus.DRAINING:
+            self.set_status(worker, WorkerStatus.READY if worker.health_failures == 0 else WorkerStatus.NOT_READY)
+
+    async def remove(self, worker: Worker, *, drain_timeout: float) -> bool:
+        """Drain then remove; returns whether the drain finished before the timeout."""
+        self.set_status(worker, WorkerStatus.DRAINING)
+        deadline = time.monotonic() + drain_timeout
+        while worker.inflight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polling keeps the hot path free of events
+            await asyncio.sleep(0.02)
+        drained = worker.inflight == 0
+        if self.registry.get(worker.id) is not worker:
+            return drained  # removed meanwhile by a concurrent call
+        self.registry.discard(worker)
+        self.policies.sync(self.registry)
+        self.loads.forget(worker.id)
+        self.metrics.forget_worker(worker.url, worker.role)
+        self.metrics.lifecycle_events.labels("removed", worker.role).inc()
+        log.info("worker removed: %s (drained=%s)", worker.url, drained)
+        return drained
+
+    def _changed(self, worker: Worker, event: str) -> None:
+        self.policies.sync(self.registry)
+        self.metrics.lifecycle_events.labels(event, worker.role).inc()
+        self._publish_health(worker)
+
+    def _publish_health(self, worker: Worker) -> None:
+        self.metrics.worker_healthy.labels(worker.url, worker.role).set(1 if worker.routable else 0)
+        self.metrics.worker_inflight.labels(worker.url, worker.role).set(worker.inflight)
+
+
+def _same_but_model(a: WorkerSpec, b: WorkerSpec) -> bool:
+    """A re-registration without model_id matches a worker whose model was discovered."""
+    return (a.url, a.role, a.bootstrap_port, a.labels, a.priority, a.owner) == (
+        b.url, b.role, b.bootstrap_port, b.labels, b.priority, b.owner)

@@ -1,0 +1,148 @@
+"""The worker: what was registered (``WorkerSpec``) and what the router knows of it at run time."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urlsplit
+
+from smg_router.workers.breaker import CircuitBreaker
+
+ROLES = ("regular", "prefill", "decode")
+
+
+class WorkerStatus(StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    NOT_READY = "not_ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class SpecError(ValueError):
+    """A registration that cannot be accepted; ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def normalize_url(raw: object) -> str:
+    """Accept ``http(s)://host[:port][/]`` only; return it without a trailing slash."""
+    if not isinstance(raw, str) or not raw:
+        raise SpecError("url", "must be a non-empty string like http://10.0.0.5:8000")
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError("url", f"{raw!r} is not an http(s) URL with a host")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number or out of range
+    except ValueError as e:
+        raise SpecError("url", f"{raw!r} has an invalid port ({e})") from None
+    if parts.query or parts.fragment or parts.path not in ("", "/"):
+        raise SpecError("url", f"{raw!r} must not carry a path, query or fragment")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def worker_id_for(url: str) -> str:
+    """Stable id from the URL: the same URL always gets the same id (idempotent registration)."""
+    return "w-" + hashlib.sha1(url.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    """What a person or the operator registered; compared for idempotent re-registration."""
+
+    url: str
+    role: str = "regular"
+    model_id: str | None = None
+    bootstrap_port: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    priority: int = 50
+    owner: str = "user"
+
+    @classmethod
+    def from_json(cls, data: object, *, base: WorkerSpec | None = None) -> WorkerSpec:
+        """Validate a registration body; ``base`` supplies defaults (PUT/PATCH). Raises SpecError."""
+        if not isinstance(data, dict):
+            raise SpecError("body", "must be a JSON object")
+        known = {"url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner"}
+        unknown = sorted(set(data) - known - {"draining"})
+        if unknown:
+            raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
+        cur: dict[str, Any] = {} if base is None else {
+            "url": base.url, "role": base.role, "model_id": base.model_id, "bootstrap_port": base.bootstrap_port,
+            "labels": base.labels, "priority": base.priority, "owner": base.owner,
+        }
+        cur.update({k: v for k, v in data.items() if k in known})
+        url = normalize_url(cur.get("url"))
+        role = cur.get("role") or "regular"
+        if role not in ROLES:
+            raise SpecError("role", f"must be one of {', '.join(ROLES)}, not {role!r}")
+        model_id = cur.get("model_id")
+        if model_id is not None and (not isinstance(model_id, str) or not model_id):
+            raise SpecError("model_id", "must be a non-empty string")
+        bport = cur.get("bootstrap_port")
+        if bport is not None and (not isinstance(bport, int) or isinstance(bport, bool) or not 0 < bport < 65536):
+            raise SpecError("bootstrap_port", "must be an integer port between 1 and 65535")
+        labels = cur.get("labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in labels.items()):
+            raise SpecError("labels", "must be an object of string keys and string values")
+        priority = cur.get("priority", 50)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise SpecError("priority", "must be an integer")
+        owner = cur.get("owner") or "user"
+        if not isinstance(owner, str):
+            raise SpecError("owner", "must be a string")
+        return cls(url=url, role=role, model_id=model_id, bootstrap_port=bport, labels=dict(labels),
+                   priority=priority, owner=owner)
+
+
+class Worker:
+    """A registered worker and its run-time state.  The registry owns it; policies only read it."""
+
+    __slots__ = ("breaker", "health_failures", "health_successes", "id", "inflight", "processed",
+                 "spec", "status")
+
+    def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
+        self.spec = spec
+        self.id = worker_id_for(spec.url)
+        self.status = WorkerStatus.PENDING
+        self.breaker = breaker
+        self.inflight = 0
+        """Requests this router has in flight to the worker (the local count)."""
+        self.processed = 0
+        """Requests this router has sent to the worker, for tie-breaks."""
+        self.health_failures = 0
+        self.health_successes = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def model_id(self) -> str | None:
+        return self.spec.model_id
+
+    @property
+    def routable(self) -> bool:
+        return self.status is WorkerStatus.READY and self.breaker.allows()
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.id} {self.url} {self.role} {self.status.value}>"
+
+    def to_json(self, backend_load: int | None = None) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "id": self.id, "url": s.url, "role": s.role, "model_id": s.model_id,
+            "bootstrap_port": s.bootstrap_port, "labels": s.labels, "priority": s.priority,
+            "owner": s.owner, "status": self.status.value, "routable": self.routable,
+            "breaker": self.breaker.state.value,
+            "load": {"inflight": self.inflight, "backend": backend_load, "processed": self.processed},
+        }

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up, then run the whole test suite (every tier that runs on this machine).
+# Fails when pytest fails or collects no test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+.venv/bin/ruff check .
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider -rs "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "test.sh: pytest collected no test: failing" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,15 @@
+"""smg-sim: a simulated SGLang/OpenAI-compatible inference worker without a GPU.
+
+Used by the SMG demo, the router's integration tests and benchmarks. The package sits beside the
+router and imports nothing from it. Public API: `SimConfig`, `start_sim` (returns a `SimServer`) and
+`create_app`; the `smg-sim` command wraps them (`__main__`), `smg-demo` starts a small fleet (`demo`).
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .config import SimConfig
+from .server import SimServer, create_app, start_sim
+
+__all__ = ["SimConfig", "SimServer", "__version__", "create_app", "start_sim"]

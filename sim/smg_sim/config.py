@@ -1,0 +1,142 @@
+"""Configuration of one simulated worker.
+
+`SimConfig` is the single source of truth shared by the CLI (`__main__`), the in-process API
+(`start_sim`) and every component (engine, HTTP API, bootstrap server). Durations that model GPU
+work are multiplied by `time_scale`; wall-clock behaviours (slow start, bootstrap long-poll, room
+expiry) are not, because they exist to exercise timeouts in the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["regular", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("regular", "prefill", "decode")
+
+#: Default port of the prefill bootstrap server, the same as SGLang's `--disaggregation-bootstrap-port`.
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything that shapes the behaviour of one smg-sim worker."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on (any 127.x.y.z works for multi-worker setups on one machine)."""
+
+    port: int = 30000
+    """Port to listen on; 0 picks a free one (read it back from `SimServer.url`)."""
+
+    model: str = "smg-sim-model"
+    """Served model name: reported by /v1/models and required to match OpenAI requests' `model`."""
+
+    role: Role = "regular"
+    """`regular` serves end to end; `prefill`/`decode` model SGLang PD disaggregation."""
+
+    bootstrap_port: int | None = None
+    """Port of the prefill bootstrap server (prefill role only); None means 8998, 0 a free port."""
+
+    time_scale: float = 1.0
+    """Multiplier on every simulated duration (prefill, decode steps); 0.01 runs 100x faster."""
+
+    max_running: int = 16
+    """Continuous-batching limit: at most this many requests run, the rest wait FIFO."""
+
+    kv_capacity: int = 200_000
+    """KV cache size in tokens: bounds running requests' memory and the prefix cache."""
+
+    prefill_tps: float = 4000.0
+    """Prefill speed in uncached prompt tokens per simulated second."""
+
+    decode_step_ms: float = 15.0
+    """Base duration of one decode batch step in simulated milliseconds."""
+
+    decode_step_ms_per_req: float = 0.3
+    """Extra step time per running request, so bigger batches decode each token a bit slower."""
+
+    max_tokens_default: int = 16
+    """Completion length when a request does not say `max_tokens` / `max_new_tokens`."""
+
+    error_rate: float = 0.0
+    """Fraction of generation requests answered with a simulated 500 error."""
+
+    hang_rate: float = 0.0
+    """Fraction of generation requests that never answer (until the client disconnects)."""
+
+    slow_start: float = 0.0
+    """Wall-clock seconds after start during which /health answers 503."""
+
+    crash_after: int | None = None
+    """Exit the process (status 1) on receiving this many-th generation request; None disables."""
+
+    seed: int | None = None
+    """Seed for the fault-injection random generator; None draws one from the OS."""
+
+    log_level: str = "info"
+    """Python logging level name for the CLI."""
+
+    bootstrap_timeout: float = 10.0
+    """Wall-clock ceiling of the bootstrap long-poll, and how long a decode worker waits for a room."""
+
+    room_ttl: float = 60.0
+    """Wall-clock seconds a finished bootstrap room stays fetchable."""
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("invalid SimConfig: " + "; ".join(problems))
+
+    def _problems(self) -> Iterator[str]:
+        if self.role not in ROLES:
+            yield f"role must be one of {ROLES}, got {self.role!r}"
+        if not 0 <= self.port <= 65535:
+            yield f"port out of range: {self.port}"
+        if self.bootstrap_port is not None and not 0 <= self.bootstrap_port <= 65535:
+            yield f"bootstrap_port out of range: {self.bootstrap_port}"
+        if not self.model:
+            yield "model must not be empty"
+        if self.time_scale < 0:
+            yield "time_scale must be >= 0"
+        if self.max_running < 1:
+            yield "max_running must be >= 1"
+        if self.kv_capacity < 1:
+            yield "kv_capacity must be >= 1"
+        if self.prefill_tps <= 0:
+            yield "prefill_tps must be > 0"
+        if self.decode_step_ms < 0 or self.decode_step_ms_per_req < 0:
+            yield "decode step times must be >= 0"
+        if self.max_tokens_default < 1:
+            yield "max_tokens_default must be >= 1"
+        for name in ("error_rate", "hang_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                yield f"{name} must be within [0, 1], got {value}"
+        if self.slow_start < 0:
+            yield "slow_start must be >= 0"
+        if self.crash_after is not None and self.crash_after < 1:
+            yield "crash_after must be >= 1 (or None)"
+        if self.bootstrap_timeout <= 0 or self.room_ttl <= 0:
+            yield "bootstrap_timeout and room_ttl must be > 0"
+
+    @property
+    def effective_bootstrap_port(self) -> int | None:
+        """The bootstrap port a prefill worker binds (None for other roles)."""
+        if self.role != "prefill":
+            return None
+        return DEFAULT_BOOTSTRAP_PORT if self.bootstrap_port is None else self.bootstrap_port
+
+    @property
+    def disaggregation_mode(self) -> str:
+        """SGLang's name for the role: "null", "prefill" or "decode"."""
+        return "null" if self.role == "regular" else self.role
+
+    def replace(self, **changes: Any) -> SimConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields, for /get_server_info."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,49 @@
+"""Server-sent events output shared by the streaming variants of all generation endpoints.
+
+Chunks are written as they are produced, awaiting each write so a slow client applies backpressure to
+its own request. A client that goes away ends the stream quietly; the caller's engine request is then
+aborted by its context manager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .errors import ApiError, error_body
+
+log = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+
+
+def encode_event(payload: Any) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def respond_sse(request: web.Request, payloads: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+    """Stream `payloads` as SSE `data:` events, then `data: [DONE]`.
+
+    An ApiError raised after the headers were sent becomes an `{"error": ...}` event, since the status
+    code can no longer change.
+    """
+    resp = web.StreamResponse(
+        status=200,
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"},
+    )
+    await resp.prepare(request)
+    try:
+        try:
+            async for payload in payloads:
+                await resp.write(encode_event(payload))
+        except ApiError as err:
+            await resp.write(encode_event(error_body(err.message, type=err.type, code=err.code)))
+        await resp.write(DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.debug("client went away during stream on %s", request.path)
+    return resp

@@ -1,0 +1,32 @@
+"""Shared builders for unit tests of policies: real metrics, a real load view, ready workers."""
+from __future__ import annotations
+
+from smg_router.metrics import Metrics
+from smg_router.policies.factory import PolicyFactory
+from smg_router.settings import PolicySettings
+from smg_router.workers.breaker import CircuitBreaker
+from smg_router.workers.load import LoadView
+from smg_router.workers.worker import Worker, WorkerSpec, WorkerStatus
+
+
+def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:
+    w = Worker(WorkerSpec(url=f"http://127.0.0.{n}:8000", model_id=model, role=role, labels=labels or {}),
+               CircuitBreaker(failure_threshold=3, cooldown=10))
+    w.status = WorkerStatus.READY
+    return w
+
+
+class Env:
+    """A factory with real metrics and a load view, as the router wires them."""
+
+    def __init__(self, **policy: object) -> None:
+        self.settings = PolicySettings(**policy)  # type: ignore[arg-type]
+        self.metrics = Metrics()
+        self.loads = LoadView(max_age=5.0)
+        self.factory = PolicyFactory(settings=self.settings, loads=self.loads, metrics=self.metrics, seed=7)
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+

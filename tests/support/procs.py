@@ -1,0 +1,201 @@
+"""Real processes on loopback for integration tests: smg-sim workers and smg-router instances.
+
+Each simulated worker gets its own 127.0.0.x address (as pods get their own IPs).  Every process logs
+to a file under the test's tmp dir and is terminated (then killed) at teardown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_hosts = itertools.cycle(range(2, 250))
+MODEL = "sim-model"
+
+
+def next_host() -> str:
+    """A fresh loopback address per worker (127.0.0.2 ... 127.0.0.249, then around again)."""
+    return f"127.0.0.{next(_hosts)}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_json(method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None,
+              timeout: float = 10.0) -> tuple[int, Any]:
+    """A tiny blocking HTTP client for fixtures and assertions (no event loop needed)."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def wait_until(predicate, *, timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except (OSError, urllib.error.URLError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+        self._log.close()
+        self.popen = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Sim(Proc):
+    host: str = ""
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class Router(Proc):
+    host: str = "127.0.0.1"
+    port: int = 0
+    admin_key: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def admin(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        return http_json(method, self.url + path, body, headers=headers, **kw)
+
+    def workers(self) -> list[dict[str, Any]]:
+        status, body = http_json("GET", self.url + "/workers")
+        assert status == 200, body
+        return body["workers"]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+    def wait_routable(self, count: int, timeout: float = 15.0) -> None:
+        wait_until(lambda: sum(w["routable"] for w in self.workers()) == count, timeout=timeout,
+                   what=f"{count} routable workers on {self.url}")
+
+
+def start_sim(tmp: Path, *, model: str = MODEL, host: str | None = None, extra: list[str] | None = None,
+              time_scale: float = 0.05) -> Sim:
+    host = host or next_host()
+    port = free_port(host)
+    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", model,
+            "--time-scale", str(time_scale), *(extra or [])]
+    sim = Sim(name=f"sim-{host}-{port}", args=args, log_path=tmp / f"sim-{host}-{port}.log", host=host, port=port)
+    sim.start()
+    try:
+        wait_until(lambda: http_json("GET", sim.url + "/health", timeout=1)[0] == 200 or not sim.alive(),
+                   what=f"smg-sim {sim.url}")
+    except AssertionError:
+        sim.stop()
+        raise
+    assert sim.alive(), sim.log()
+    return sim
+
+
+def start_router(tmp: Path, *, workers: list[str] | tuple[str, ...] = (), args: list[str] | None = None,
+                 env: dict[str, str] | None = None, admin_key: str | None = None, port: int | None = None) -> Router:
+    port = port or free_port()
+    argv = [sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port),
+            "--health-check-interval", "0.3", "--load-monitor-interval", "0.2", *(args or [])]
+    if workers:
+        argv += ["--worker-urls", *workers]
+    if admin_key:
+        argv += ["--admin-api-key", admin_key]
+    router = Router(name=f"router-{port}", args=argv, log_path=tmp / f"router-{port}.log", env=env or {},
+                    port=port, admin_key=admin_key)
+    router.start()
+    try:
+        wait_until(lambda: http_json("GET", router.url + "/liveness", timeout=1)[0] == 200 or not router.alive(),
+                   what=f"smg-router {router.url}")
+    except AssertionError:
+        router.stop()
+        raise
+    assert router.alive(), router.log()
+    return router
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when there is none)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        sample, _, label_text = head.partition("{")
+        if sample != name:
+            continue
+        pairs = dict(p.split("=", 1) for p in label_text.rstrip("}").split(",") if "=" in p)
+        pairs = {k: v.strip('"') for k, v in pairs.items()}
+        if all(pairs.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total

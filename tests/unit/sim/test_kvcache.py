@@ -1,0 +1,127 @@
+"""Unit tests of the prefix KV cache: matching, insertion, capacity and LRU eviction."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from smg_sim.kvcache import PrefixCache
+from smg_sim.tokens import encode
+
+
+def t(text: str) -> list[int]:
+    return encode(text)
+
+
+def test_empty_cache_matches_nothing() -> None:
+    cache = PrefixCache(100)
+    assert cache.match(t("hello")) == 0
+    assert cache.size == 0
+
+
+def test_insert_then_match_prefixes() -> None:
+    cache = PrefixCache(100)
+    assert cache.insert(t("hello world")) == 11
+    assert cache.match(t("hello world")) == 11
+    assert cache.match(t("hello world, again")) == 11
+    assert cache.match(t("hello")) == 5
+    assert cache.match(t("help")) == 3
+    assert cache.match(t("xyz")) == 0
+
+
+def test_insert_splits_edges_and_counts_only_new_tokens() -> None:
+    cache = PrefixCache(100)
+    cache.insert(t("abcdef"))
+    assert cache.insert(t("abcxyz")) == 3
+    assert cache.size == 9
+    assert cache.match(t("abcdef")) == 6
+    assert cache.match(t("abcxyz")) == 6
+    assert cache.match(t("abq")) == 2
+    assert cache.insert(t("abc")) == 0
+    assert cache.insert(t("abcdefgh")) == 2
+    assert cache.size == 11
+
+
+def test_lru_leaf_is_evicted_first() -> None:
+    cache = PrefixCache(10)
+    cache.insert(t("aaaaa"))
+    cache.insert(t("bbbbb"))
+    assert cache.size == 10
+    cache.match(t("aaaaa"))  # touch: now "bbbbb" is least recently used
+    cache.insert(t("ccccc"))
+    assert cache.size == 10
+    assert cache.match(t("bbbbb")) == 0
+    assert cache.match(t("aaaaa")) == 5
+    assert cache.match(t("ccccc")) == 5
+
+
+def test_shared_prefix_survives_eviction_of_leaves() -> None:
+    cache = PrefixCache(12)
+    cache.insert(t("sysAAAA"))
+    cache.insert(t("sysBBBB"))
+    assert cache.size == 11
+    cache.insert(t("sysCCCC"))
+    assert cache.size <= 12
+    assert cache.match(t("sysAAAA")) == 3  # its leaf went, the shared "sys" stayed
+    assert cache.match(t("sysBBBB")) == 7
+    assert cache.match(t("sysCCCC")) == 7
+
+
+def test_insert_longer_than_capacity_is_truncated() -> None:
+    cache = PrefixCache(5)
+    cache.insert(t("0123456789"))
+    assert cache.size == 5
+    assert cache.match(t("0123456789")) == 5
+
+
+def test_explicit_evict_and_clear() -> None:
+    cache = PrefixCache(100)
+    for word in ("alpha", "beta", "gamma", "delta"):
+        cache.insert(t(word))
+    assert cache.size == 19
+    evicted = cache.evict(10)
+    assert evicted >= 9
+    assert cache.size <= 10
+    assert cache.match(t("delta")) == 5  # most recently inserted survives
+    cache.clear()
+    assert cache.size == 0
+    assert cache.match(t("delta")) == 0
+
+
+def test_negative_capacity_rejected() -> None:
+    with pytest.raises(ValueError):
+        PrefixCache(-1)
+
+
+def test_matches_naive_model_without_capacity_pressure() -> None:
+    rng = random.Random(7)
+    cache = PrefixCache(1_000_000)
+    inserted: list[list[int]] = []
+
+    def naive(query: list[int]) -> int:
+        best = 0
+        for seq in inserted:
+            n = 0
+            while n < min(len(seq), len(query)) and seq[n] == query[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+    for _ in range(300):
+        seq = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]
+        if rng.random() < 0.5:
+            inserted.append(seq)
+            cache.insert(seq)
+        else:
+            assert cache.match(seq) == naive(seq)
+    distinct_tokens = len({tuple(s[:i]) for s in inserted for i in range(1, len(s) + 1)})
+    assert cache.size == distinct_tokens
+
+
+def test_size_never_exceeds_capacity_under_random_inserts() -> None:
+    rng = random.Random(11)
+    cache = PrefixCache(50)
+    for _ in range(500):
+        cache.insert([rng.randrange(4) for _ in range(rng.randrange(1, 30))])
+        assert cache.size <= 50
