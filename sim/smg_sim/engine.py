@@ -134,6 +134,10 @@ class _Seq:
     def kv_tokens(self) -> int:
         return self.prompt_len + self.generated
 
+    @property
+    def reserve(self) -> int:
+        return self.prompt_len + self.req.max_new_tokens
+
 
 class RequestHandle:
     """One request inside the engine: `async with` submits it and aborts it on early exit."""
@@ -246,6 +250,10 @@ class Engine:
     def _used_tokens(self) -> int:
         return sum(s.kv_tokens for s in self._running)
 
+    def _reserved_tokens(self) -> int:
+        """KV the running requests will hold at their longest: admission must not overcommit it."""
+        return sum(s.reserve for s in self._running)
+
     # -- scheduler -----------------------------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -265,9 +273,8 @@ class Engine:
         capacity = self._config.kv_capacity
         while self._waiting and len(self._running) < self._config.max_running:
             seq = self._waiting[0]
-            need = seq.prompt_len + seq.req.max_new_tokens
-            if self._running and self._used_tokens() + need > capacity:
-                break  # memory-bound: wait for running requests to finish
+            if self._running and self._reserved_tokens() + seq.reserve > capacity:
+                break  # memory-bound: wait until running requests finish and free their KV
             self._waiting.popleft()
             if seq.req.transferred_cached is not None:
                 seq.cached = seq.req.transferred_cached

@@ -84,13 +84,28 @@ def _common_prefix_len(edge: str, text: str, pos: int) -> int:
     """Length of the common prefix of ``edge`` and ``text[pos:]``.
 
     Precondition: ``edge[0] == text[pos]`` (children are keyed by first char) and ``edge`` is not a
-    full prefix of ``text[pos:]``.
+    full prefix of ``text[pos:]``. Gallops (chunks of 8, 64, 512, ... chars compared by ``startswith``)
+    to the window holding the first mismatch, then binary-searches it: about 4 C-level comparisons for
+    a mismatch in the first 8 chars, about 16 for one 4000 chars in; never a Python per-char loop.
     """
     lo = 1  # edge[:lo] is known to match
     hi = len(text) - pos
     elen = len(edge)
     if hi >= elen:
         hi = elen - 1  # the full edge is known not to match
+    elif text.startswith(edge[:hi], pos):
+        return hi  # text exhausted inside the edge: one comparison
+    step = 8
+    while True:
+        probe = lo + step
+        if probe >= hi:
+            break
+        if text.startswith(edge[lo:probe], pos + lo):
+            lo = probe
+            step <<= 3
+        else:
+            hi = probe - 1
+            break
     while lo < hi:
         mid = (lo + hi + 1) >> 1
         if text.startswith(edge[lo:mid], pos + lo):
@@ -127,12 +142,13 @@ class RadixTree:
         node = self._root
         pos = 0
         n = len(text)
+        startswith = text.startswith
         while pos < n:
             child = node.children.get(text[pos])
             if child is None:
                 break
             edge = child.edge
-            if text.startswith(edge, pos):
+            if startswith(edge, pos):
                 node = child
                 pos += len(edge)
             else:

@@ -99,7 +99,7 @@ class Lifecycle:
         self._publish_health(worker)
 
     def _publish_health(self, worker: Worker) -> None:
-        self.metrics.worker_healthy.labels(worker.url, worker.role).set(1 if worker.routable else 0)
+        self.metrics.worker_healthy.labels(worker.url, worker.role).set(1 if worker.status is WorkerStatus.READY else 0)
         self.metrics.worker_inflight.labels(worker.url, worker.role).set(worker.inflight)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from smg_sim.kvcache import PrefixCache
 from smg_sim.tokens import encode
 

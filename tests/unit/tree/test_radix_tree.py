@@ -178,6 +178,24 @@ def test_common_prefix_len_matches_naive(seed: int) -> None:
         assert _common_prefix_len(edge, text, pos) == naive
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_common_prefix_len_long_strings(seed: int) -> None:
+    """Mismatch positions across every gallop window (8, 64, 512, 4096) and text ending inside the edge."""
+    rng = random.Random(seed)
+    edge = "".join(rng.choice("abcdefgh") for _ in range(5000))
+    for _ in range(300):
+        at = rng.randint(1, 4999)
+        pos = rng.randint(0, 30)
+        if rng.random() < 0.5:
+            text = "x" * pos + edge[:at] + "!" + edge[at + 1 :]
+        else:
+            text = "x" * pos + edge[:at]  # exhausted inside the edge
+        naive = 0
+        while pos + naive < len(text) and naive < len(edge) and text[pos + naive] == edge[naive]:
+            naive += 1
+        assert _common_prefix_len(edge, text, pos) == naive
+
+
 # ---------------------------------------------------------------------- remove_tenant
 
 

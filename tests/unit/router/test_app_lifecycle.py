@@ -1,0 +1,41 @@
+"""The app's background tasks start with it and never outlive it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from support.procs import free_port
+
+from smg_router.app import build_app
+from smg_router.settings import parse_settings
+
+
+def _smg_tasks() -> set[str]:
+    return {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("smg-") and not t.done()}
+
+
+async def test_background_tasks_stop_with_the_app() -> None:
+    port = free_port()
+    app = build_app(parse_settings(["--port", str(port), "--worker-urls", "http://127.0.0.1:9"]))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction"}
+    await runner.cleanup()
+    await asyncio.sleep(0)
+    assert _smg_tasks() == set()
+
+
+def test_environment_sets_every_flag(monkeypatch) -> None:
+    monkeypatch.setenv("SMG_CACHE_THRESHOLD", "0.6")
+    monkeypatch.setenv("SMG_POLICY", "CacheAware")
+    monkeypatch.setenv("SMG_BALANCE_ABS_THRESHOLD", "9")
+    monkeypatch.setenv("SMG_WORKER_URLS", "http://127.0.0.2:8000, http://127.0.0.3:8000")
+    monkeypatch.setenv("SMG_ADMIN_API_KEY", "k")
+    s = parse_settings([])
+    assert s.policy.cache_threshold == 0.6 and s.policy.name == "cache_aware"
+    assert s.policy.balance_abs_threshold == 9 and s.server.admin_api_key == "k"
+    assert s.worker_urls == ("http://127.0.0.2:8000", "http://127.0.0.3:8000")
+    # the command line wins over the environment
+    assert parse_settings(["--cache-threshold", "0.1"]).policy.cache_threshold == 0.1
