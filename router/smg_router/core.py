@@ -45,15 +45,20 @@ class RouterCore:
         self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
                                  total_timeout=settings.server.request_timeout)
         self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
-                           metrics=self.metrics, retry=settings.retry)
+                           metrics=self.metrics, retry=settings.retry, pd_mode=settings.pd.enabled)
         self._control: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.load_monitor: LoadMonitor | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker."""
         routable = [w for w in self.registry if w.routable]
-        return bool(routable), {"workers": len(self.registry), "routable": len(routable)}
+        detail: dict[str, Any] = {"workers": len(self.registry), "routable": len(routable)}
+        if not self.settings.pd.enabled:
+            return bool(routable), detail
+        by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}
+        return all(by_role.values()), {**detail, **{f"routable_{r}": n for r, n in by_role.items()}}
 
     async def start(self) -> None:
         await self.upstream.start()
@@ -61,8 +66,14 @@ class RouterCore:
         self.health = HealthChecker(session=self._control, lifecycle=self.lifecycle, settings=self.settings.health)
         self.load_monitor = LoadMonitor(session=self._control, registry=self.registry, policies=self.policies,
                                         loads=self.loads, metrics=self.metrics, settings=self.settings.load)
+        model = self.settings.model_id
         for url in self.settings.worker_urls:
-            self.lifecycle.add(WorkerSpec.from_json({"url": url, "model_id": self.settings.model_id}))
+            self.lifecycle.add(WorkerSpec.from_json({"url": url, "model_id": model}))
+        for url, port in self.settings.pd.prefill:
+            self.lifecycle.add(WorkerSpec.from_json({"url": url, "role": "prefill", "model_id": model,
+                                                     "bootstrap_port": port}))
+        for url in self.settings.pd.decode:
+            self.lifecycle.add(WorkerSpec.from_json({"url": url, "role": "decode", "model_id": model}))
         self._spawn("smg-health-checker", self.health.run())
         self._spawn("smg-load-monitor", self.load_monitor.run())
         self._spawn("smg-tree-eviction", self._evict_periodically())

@@ -31,7 +31,7 @@ def _generation(kind: str, endpoint: str):  # type: ignore[no-untyped-def]
         raw = await read_body(request, core.settings.server.max_payload_size)
         parsed = parse_request(kind, raw)
         model = core.proxy.resolve_model(parsed.model)
-        return await core.proxy.handle(request, Routed(endpoint, model, parsed.text, parsed.stream, raw))
+        return await core.proxy.handle(request, Routed(endpoint, model, parsed.text, parsed.stream, raw, parsed.body))
 
     handler.__name__ = f"{kind}_handler"
     return handler

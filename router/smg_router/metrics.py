@@ -64,7 +64,8 @@ class Metrics:
                                      ("worker", "role"), registry=r)
         self.worker_backend_load = Gauge("smg_worker_backend_load", "Running + waiting requests the worker "
                                          "reported at the last poll", ("worker", "role"), registry=r)
-        self.worker_healthy = Gauge("smg_worker_healthy", "1 when the worker passes its health checks (status ready)", ("worker", "role"),
+        self.worker_healthy = Gauge("smg_worker_healthy", "1 when the worker passes its health checks (status ready)",
+                                    ("worker", "role"),
                                     registry=r)
         self.lifecycle_events = Counter("smg_worker_lifecycle_events", "Worker registrations, updates, removals",
                                         ("event", "role"), registry=r)

@@ -15,11 +15,13 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
+from smg_router.pd import PDDispatcher
 from smg_router.policies.base import RouteRequest
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.settings import RetrySettings
@@ -44,20 +46,26 @@ class Routed:
     text: str
     stream: bool
     body: bytes
+    """The bytes the client sent, forwarded unchanged (regular mode)."""
+    parsed: dict[str, Any] | None = None
+    """The parsed body, for PD mode, which adds the bootstrap fields."""
 
 
 class Proxy:
     def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, upstream: Upstream,
-                 metrics: Metrics, retry: RetrySettings) -> None:
+                 metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
         self.registry = registry
         self.policies = policies
         self.upstream = upstream
         self.metrics = metrics
         self.retry = retry
+        self.pd_mode = pd_mode
+        self._pd = PDDispatcher(self)
 
     # -- model and worker selection -------------------------------------------------------------
-    def resolve_model(self, requested: str | None, role: str = "regular") -> str:
+    def resolve_model(self, requested: str | None) -> str:
         """The model key a request routes by: 404 for a model no worker serves, 503 with no workers."""
+        role = "decode" if self.pd_mode else "regular"
         workers = self.registry.with_role(role)
         if not workers:
             raise NoWorkerAvailable(f"no {role} workers are registered", code="no_workers")
@@ -91,7 +99,8 @@ class Proxy:
         started = time.perf_counter()
         status = 500
         try:
-            response = await self._forward(request, routed, started)
+            forward = self._pd.forward if self.pd_mode else self._forward
+            response = await forward(request, routed, started)
             status = response.status
             return response
         except web.HTTPException as e:
@@ -110,7 +119,7 @@ class Proxy:
 
     async def _forward(self, request: web.Request, routed: Routed, started: float) -> web.StreamResponse:
         route = RouteRequest(routed.model, routed.text)
-        headers = {k: v for k in FORWARD_REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+        headers = self.forward_headers(request)
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self.retry.max_retries + 1):
@@ -124,7 +133,7 @@ class Proxy:
                     break
                 raise
             tried.add(worker.id)
-            self._track(worker, +1)
+            self.track(worker, +1)
             try:
                 try:
                     upstream = await self.upstream.post(worker.url + routed.endpoint, routed.body, headers)
@@ -139,15 +148,15 @@ class Proxy:
                     upstream.release()
                     log.warning("worker %s answered %d; retrying elsewhere", worker.url, upstream.status)
                     continue
-                return await self._respond(request, routed, worker, upstream, started)
+                return await self.respond(request, routed, worker, upstream, started)
             finally:
-                self._track(worker, -1)
+                self.track(worker, -1)
         if isinstance(last_error, TimeoutError):
             raise UpstreamTimeout(f"no worker answered in time after {len(tried)} attempt(s)")
         raise UpstreamError(f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",
                             code="upstream_unavailable")
 
-    async def _respond(self, request: web.Request, routed: Routed, worker: Worker,
+    async def respond(self, request: web.Request, routed: Routed, worker: Worker,
                        upstream: UpstreamResponse, started: float) -> web.StreamResponse:
         """Pass the worker's answer through; the caller's finally drops the in-flight count."""
         ok = upstream.status < 500
@@ -175,7 +184,11 @@ class Proxy:
         finally:
             upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 
-    def _track(self, worker: Worker, delta: int) -> None:
+    @staticmethod
+    def forward_headers(request: web.Request) -> dict[str, str]:
+        return {k: v for k in FORWARD_REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+
+    def track(self, worker: Worker, delta: int) -> None:
         worker.inflight += delta
         self.metrics.worker_inflight.labels(worker.url, worker.role).set(worker.inflight)
 

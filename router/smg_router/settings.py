@@ -98,12 +98,23 @@ class ServerSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PDSettings:
+    """Prefill/decode disaggregation (SGLang bootstrap mode)."""
+
+    enabled: bool = False
+    prefill: tuple[tuple[str, int | None], ...] = ()
+    """(url, bootstrap port) of the prefill workers given on the command line."""
+    decode: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     load: LoadSettings = field(default_factory=LoadSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
+    pd: PDSettings = field(default_factory=PDSettings)
     worker_urls: tuple[str, ...] = ()
     model_id: str | None = None
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
@@ -131,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--worker-urls", nargs="*", default=_split(_env("worker-urls", "")),
         help="regular workers to register at start (SMG_WORKER_URLS: comma or space separated)",
     )
+    p.add_argument("--pd-disaggregation", action="store_true",
+                   default=str(_env("pd-disaggregation", "")).lower() in ("1", "true", "yes"),
+                   help="prefill/decode disaggregation: route each request to a prefill and a decode worker")
+    p.add_argument("--prefill", nargs="+", action="append", metavar="URL [BOOTSTRAP_PORT]",
+                   default=[e.split() for e in _entries(_env("prefill", ""))],
+                   help="a prefill worker and its bootstrap port; repeat per worker "
+                   "(SMG_PREFILL: 'URL PORT, URL PORT')")
+    p.add_argument("--decode", nargs="+", action="append", metavar="URL",
+                   default=[e.split() for e in _entries(_env("decode", ""))],
+                   help="decode worker(s); repeat or list several (SMG_DECODE: comma separated)")
     add("--model-id", None, help="model served by --worker-urls (default: ask each worker)")
     add("--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
     add("--prefill-policy", None, help="PD prefill policy (default --policy)")
@@ -152,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
     add("--log-level", s.log_level, help="debug, info, warning, error")
     return p
+
+
+def _entries(raw: object) -> list[str]:
+    return [e.strip() for e in str(raw).split(",") if e.strip()]
 
 
 def _split(raw: object) -> list[str]:
@@ -178,7 +203,23 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
                 setattr(a, flag, canonical_name(value))
             except ValueError as e:
                 parser.error(f"--{flag.replace('_', '-')}: {e}")
+    prefill: list[tuple[str, int | None]] = []
+    for entry in a.prefill:
+        if len(entry) > 2:
+            parser.error(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(entry)}")
+        port = None
+        if len(entry) == 2:
+            if not entry[1].isdigit() or not 0 < int(entry[1]) < 65536:
+                parser.error(f"--prefill {entry[0]}: bootstrap port {entry[1]!r} is not a port number")
+            port = int(entry[1])
+        prefill.append((entry[0], port))
+    decode = [url for entry in a.decode for url in entry]
+    if (prefill or decode) and not a.pd_disaggregation:
+        parser.error("--prefill and --decode need --pd-disaggregation")
+    if a.pd_disaggregation and a.worker_urls:
+        parser.error("--worker-urls cannot be combined with --pd-disaggregation (use --prefill and --decode)")
     return Settings(
+        pd=PDSettings(enabled=a.pd_disaggregation, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host, port=a.port, max_payload_size=a.max_payload_size,
             request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,

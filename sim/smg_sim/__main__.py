@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multiplier on all simulated durations (0.01 = 100x faster)")
     p.add_argument("--max-running", type=int, default=d.max_running, help="max concurrently running requests")
     p.add_argument("--kv-capacity", type=int, default=d.kv_capacity, help="KV cache capacity in tokens")
-    p.add_argument("--prefill-tps", type=float, default=d.prefill_tps, help="prefill speed, uncached tokens/s")
+    p.add_argument("--prefill-tps", type=float, default=d.prefill_tps,
+                   help="prefill speed, uncached tokens/s")
     p.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms, help="base decode step time")
     p.add_argument("--decode-step-ms-per-req", type=float, default=d.decode_step_ms_per_req,
                    help="extra decode step time per running request")
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="completion length when the request does not set one")
     p.add_argument("--error-rate", type=float, default=d.error_rate, help="fraction of requests answered 500")
     p.add_argument("--hang-rate", type=float, default=d.hang_rate, help="fraction of requests never answered")
-    p.add_argument("--slow-start", type=float, default=d.slow_start, help="seconds of 503 from /health at start")
+    p.add_argument("--slow-start", type=float, default=d.slow_start,
+                   help="seconds of 503 from /health at start")
     p.add_argument("--crash-after", type=int, default=None, help="exit(1) on the N-th generation request")
     p.add_argument("--seed", type=int, default=None, help="seed of the fault injection")
     p.add_argument("--bootstrap-timeout", type=float, default=d.bootstrap_timeout,
@@ -76,7 +78,8 @@ async def serve(config: SimConfig) -> None:
     boot = f", bootstrap on {server.bootstrap_url}" if server.bootstrap_url else ""
     log.info(
         "smg-sim serving model %r on %s (role=%s%s, time_scale=%g, max_running=%d, kv_capacity=%d)",
-        config.model, server.url, config.role, boot, config.time_scale, config.max_running, config.kv_capacity,
+        config.model, server.url, config.role, boot, config.time_scale, config.max_running,
+        config.kv_capacity,
     )
     try:
         await stop.wait()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -121,10 +122,11 @@ class _Demo:
         print(f"smg-demo: workers ready: {' '.join(self.worker_urls)}", flush=True)
         if not a.no_router:
             print(f"smg-demo: router ({a.policy}) on {target}", flush=True)
+        body = json.dumps({"model": a.model, "messages": [{"role": "user", "content": "Hello"}]})
         print(
             "smg-demo: try:\n"
             f"  curl -s {target}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-            f"    -d '{{\"model\": \"{a.model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n"
+            f"    -d '{body}'\n"
             "smg-demo: ready (Ctrl-C to stop)",
             flush=True,
         )
@@ -134,7 +136,8 @@ class _Demo:
         while not self.stop.wait(0.2):
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
-                print(f"smg-demo: {' '.join(map(str, dead[0].args[2:5]))} exited with {dead[0].returncode}; stopping",
+                what = " ".join(map(str, dead[0].args[2:5]))
+                print(f"smg-demo: {what} exited with {dead[0].returncode}; stopping",
                       file=sys.stderr, flush=True)
                 return 1
         return 0

@@ -80,7 +80,9 @@ async def apply_fault(state: SimState) -> None:
         state.crash()
         raise ApiError(500, "simulated crash", type="server_error", code="simulated_crash")
     if fault is Fault.ERROR:
-        raise ApiError(500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error")
+        raise ApiError(
+            500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error"
+        )
     log.info("hanging generation request #%d (--hang-rate)", state.faults.requests_seen)
     await asyncio.Event().wait()  # until the client disconnects and aiohttp cancels the handler
 
@@ -157,7 +159,10 @@ async def prepare(state: SimState, items: Sequence[GenItem], *, rid: str) -> lis
     if role == "decode":
         infos = await asyncio.gather(*(_transfer(state, item) for item in items))
         return [
-            Prepared(EngineRequest(item.tokens, item.max_new_tokens, item.stop, info.cached_tokens, f"{rid}-{i}"))
+            Prepared(EngineRequest(
+                item.tokens, item.max_new_tokens, item.stop,
+                transferred_cached=info.cached_tokens, rid=f"{rid}-{i}",
+            ))
             for i, (item, info) in enumerate(zip(items, infos, strict=True))
         ]
     return [

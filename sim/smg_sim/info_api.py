@@ -47,7 +47,9 @@ async def server_info(request: web.Request) -> web.Response:
         "version": __version__,
         "engine": "smg-sim",
         "sim_config": cfg.as_dict(),
-        "internal_states": [{"cache_tokens": stats.cached_tokens_in_tree, "requests_total": stats.requests_total}],
+        "internal_states": [
+            {"cache_tokens": stats.cached_tokens_in_tree, "requests_total": stats.requests_total}
+        ],
     })
 
 

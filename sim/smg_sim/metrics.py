@@ -12,24 +12,30 @@ from typing import Any
 
 from .engine import EngineStats
 
-# (name, type, help, value getter)
-_METRICS: tuple[tuple[str, str, str, Any], ...] = (
-    ("sglang:num_running_reqs", "gauge", "Number of running requests.", lambda s: s.num_running_reqs),
-    ("sglang:num_queue_reqs", "gauge", "Number of requests in the waiting queue.", lambda s: s.num_waiting_reqs),
-    ("sglang:num_used_tokens", "gauge", "KV cache tokens held by running requests.", lambda s: s.num_used_tokens),
-    ("sglang:max_total_num_tokens", "gauge", "KV cache capacity in tokens.", lambda s: s.max_total_num_tokens),
-    ("sglang:token_usage", "gauge", "Fraction of the KV cache held by running requests.", lambda s: s.token_usage),
-    ("sglang:cache_hit_rate", "gauge", "Fraction of prompt tokens served from the prefix cache.",
-     lambda s: s.cache_hit_rate),
-    ("sglang:gen_throughput", "gauge", "Generation throughput in tokens per second.", lambda s: s.gen_throughput),
-    ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-     lambda s: s.prompt_tokens_total),
-    ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-     lambda s: s.generation_tokens_total),
-    ("sglang:cached_tokens_total", "counter", "Number of prompt tokens served from the prefix cache.",
-     lambda s: s.cached_tokens_total),
-    ("sglang:num_requests_total", "counter", "Number of generation requests received by the engine.",
-     lambda s: s.requests_total),
+# (name, type, EngineStats attribute, help)
+_METRICS: tuple[tuple[str, str, str, str], ...] = (
+    ("sglang:num_running_reqs", "gauge", "num_running_reqs",
+     "Number of running requests."),
+    ("sglang:num_queue_reqs", "gauge", "num_waiting_reqs",
+     "Number of requests in the waiting queue."),
+    ("sglang:num_used_tokens", "gauge", "num_used_tokens",
+     "KV cache tokens held by running requests."),
+    ("sglang:max_total_num_tokens", "gauge", "max_total_num_tokens",
+     "KV cache capacity in tokens."),
+    ("sglang:token_usage", "gauge", "token_usage",
+     "Fraction of the KV cache held by running requests."),
+    ("sglang:cache_hit_rate", "gauge", "cache_hit_rate",
+     "Fraction of prompt tokens served from the prefix cache."),
+    ("sglang:gen_throughput", "gauge", "gen_throughput",
+     "Generation throughput in tokens per second."),
+    ("sglang:prompt_tokens_total", "counter", "prompt_tokens_total",
+     "Number of prefill tokens processed."),
+    ("sglang:generation_tokens_total", "counter", "generation_tokens_total",
+     "Number of generation tokens processed."),
+    ("sglang:cached_tokens_total", "counter", "cached_tokens_total",
+     "Number of prompt tokens served from the prefix cache."),
+    ("sglang:num_requests_total", "counter", "requests_total",
+     "Number of generation requests received by the engine."),
 )
 
 
@@ -64,8 +70,8 @@ def prometheus_text(stats: EngineStats, *, model: str) -> str:
     """Prometheus text format 0.0.4, every sample labelled with `model_name`."""
     labels = f'{{model_name="{_label(model)}"}}'
     lines = []
-    for name, kind, help_text, get in _METRICS:
+    for name, kind, attr, help_text in _METRICS:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{labels} {_number(get(stats))}")
+        lines.append(f"{name}{labels} {_number(getattr(stats, attr))}")
     return "\n".join(lines) + "\n"

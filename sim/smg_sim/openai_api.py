@@ -133,7 +133,9 @@ async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     return json_response({
         "object": "list",
-        "data": [{"id": state.config.model, "object": "model", "created": state.created, "owned_by": "smg-sim"}],
+        "data": [
+            {"id": state.config.model, "object": "model", "created": state.created, "owned_by": "smg-sim"}
+        ],
     })
 
 
@@ -181,7 +183,9 @@ async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncIterator[
     def chunk(index: int, text: str | None, reason: str | None) -> dict[str, Any]:
         if chat:
             delta = {} if text is None else {"content": text}
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            choice: dict[str, Any] = {
+                "index": index, "delta": delta, "logprobs": None, "finish_reason": reason
+            }
         else:
             choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
         out = {**head, "choices": [choice]}

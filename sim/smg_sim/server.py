@@ -82,7 +82,9 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     return app
 
 
-async def _serve(app: web.Application, host: str, port: int, *, access_log: bool) -> tuple[web.AppRunner, int]:
+async def _serve(
+    app: web.Application, host: str, port: int, *, access_log: bool
+) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         **({} if access_log else {"access_log": None}),
@@ -156,7 +158,9 @@ async def start_sim(
         boot_app = create_bootstrap_app(state.rooms, wait_ceiling=config.bootstrap_timeout)
         boot_app.on_response_prepare.append(_worker_header(state))
         try:
-            bootstrap_runner, bootstrap_port = await _serve(boot_app, config.host, wanted, access_log=access_log)
+            bootstrap_runner, bootstrap_port = await _serve(
+                boot_app, config.host, wanted, access_log=access_log
+            )
         except BaseException:
             await runner.cleanup()
             raise

@@ -33,7 +33,9 @@ async def respond_sse(request: web.Request, payloads: AsyncIterator[dict[str, An
     """
     resp = web.StreamResponse(
         status=200,
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"},
+        headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"
+        },
     )
     await resp.prepare(request)
     try:

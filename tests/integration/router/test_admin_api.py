@@ -6,7 +6,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from support.procs import MODEL, Router, Sim, http_json, metric_value, start_router, start_sim, wait_until
+from support.procs import MODEL, Sim, http_json, metric_value, start_router, start_sim, wait_until
 
 
 def test_register_is_idempotent_and_lists_workers(logs: Path, fleet: list[Sim]) -> None:
@@ -47,8 +47,8 @@ def test_delete_drains_removes_the_tenant_and_stops_routing(logs: Path) -> None:
     try:
         r.wait_routable(2)
         prefix = f"{uuid.uuid4()} shared context " * 30
-        status, first = http_json("POST", r.url + "/v1/completions",
-                                  {"model": MODEL, "prompt": prefix + "a", "max_tokens": 1})
+        status, _ = http_json("POST", r.url + "/v1/completions",
+                              {"model": MODEL, "prompt": prefix + "a", "max_tokens": 1})
         assert status == 200
         victim = next(w for w in r.workers() if w["load"]["processed"] == 1)
         text = r.metrics()

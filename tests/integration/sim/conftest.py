@@ -1,111 +1,11 @@
-"""Fixtures that run smg-sim as real subprocesses on loopback addresses (127.0.0.2 and up).
-
-Every process started here is killed at fixture teardown, whatever the test did to it.
-"""
+"""Fixtures that run smg-sim as real subprocesses; every process is killed at teardown."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import pytest
-
-START_TIMEOUT_S = 15.0
-
-
-def free_port(*hosts: str) -> int:
-    """A port that is free on every given loopback host right now."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        ok = True
-        for host in hosts[1:]:
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    ok = False
-        if ok:
-            return port
-    raise RuntimeError("no common free port")
-
-
-def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """GET without any proxy (the traffic must stay on loopback); returns (status, body)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
-@dataclass
-class SimProcess:
-    """One smg-sim subprocess."""
-
-    host: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    bootstrap_port: int | None = None
-    args: list[str] = field(default_factory=list)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def worker_id(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def wait_serving(self) -> None:
-        """Until the HTTP server answers (any status: /health may be 503 during --slow-start)."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"smg-sim exited early with {self.proc.returncode}: {self.args}")
-            with contextlib.suppress(OSError):
-                http_get(f"{self.url}/v1/models", timeout=0.5)
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"smg-sim did not start within {START_TIMEOUT_S}s: {self.args}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-SimLauncher = Callable[..., SimProcess]
-
-
-def _launcher(started: list[SimProcess]) -> SimLauncher:
-    def launch(host: str, *extra: str, role: str = "regular", with_bootstrap: bool = False) -> SimProcess:
-        port = free_port(host)
-        bootstrap_port = free_port(host) if with_bootstrap else None
-        args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--role", role,
-                "--model", "sim-model", "--log-level", "warning", *extra]
-        if bootstrap_port is not None:
-            args += ["--bootstrap-port", str(bootstrap_port)]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        sim = SimProcess(host=host, port=port, proc=proc, bootstrap_port=bootstrap_port, args=args)
-        started.append(sim)
-        sim.wait_serving()
-        return sim
-
-    return launch
+from smg_sim_procs import SimLauncher, SimProcess, make_launcher
 
 
 @pytest.fixture
@@ -113,7 +13,7 @@ def launch_sim() -> Iterator[SimLauncher]:
     """Start smg-sim subprocesses for one test: `launch_sim(host, *flags, role=..., with_bootstrap=...)`."""
     started: list[SimProcess] = []
     try:
-        yield _launcher(started)
+        yield make_launcher(started)
     finally:
         for sim in started:
             sim.kill()
@@ -124,7 +24,7 @@ def launch_module_sim() -> Iterator[SimLauncher]:
     """Like `launch_sim`, but the processes live for the whole test module."""
     started: list[SimProcess] = []
     try:
-        yield _launcher(started)
+        yield make_launcher(started)
     finally:
         for sim in started:
             sim.kill()

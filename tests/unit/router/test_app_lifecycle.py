@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from support.procs import free_port
-
 from smg_router.app import build_app
 from smg_router.settings import parse_settings
+from support.procs import free_port
 
 
 def _smg_tasks() -> set[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from smg_router.errors import BadRequest
 from smg_router.routing_text import parse_request
 from smg_router.workers.load_monitor import parse_loads, parse_metrics

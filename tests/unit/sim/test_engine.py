@@ -63,7 +63,8 @@ async def test_cached_prefix_reduces_prefill_time() -> None:
     async with running_engine(prefill_tps=10_000.0) as engine:  # 2110 uncached tokens ~ 0.21 s
         _, cold, cold_ttft = await run_to_end(engine, EngineRequest(prompt, 2))
         _, warm, warm_ttft = await run_to_end(engine, EngineRequest(prompt, 2))
-        _, partial, partial_ttft = await run_to_end(engine, EngineRequest(prompt[:1000] + encode("n" * 1000), 2))
+        half = prompt[:1000] + encode("n" * 1000)
+        _, partial, partial_ttft = await run_to_end(engine, EngineRequest(half, 2))
         stats = engine.stats()
     assert cold.cached_tokens == 0
     assert warm.cached_tokens == len(prompt) - 1  # the last token is always computed

@@ -186,10 +186,8 @@ def test_common_prefix_len_long_strings(seed: int) -> None:
     for _ in range(300):
         at = rng.randint(1, 4999)
         pos = rng.randint(0, 30)
-        if rng.random() < 0.5:
-            text = "x" * pos + edge[:at] + "!" + edge[at + 1 :]
-        else:
-            text = "x" * pos + edge[:at]  # exhausted inside the edge
+        tail = "!" + edge[at + 1 :] if rng.random() < 0.5 else ""  # "": text exhausted inside the edge
+        text = "x" * pos + edge[:at] + tail
         naive = 0
         while pos + naive < len(text) and naive < len(edge) and text[pos + naive] == edge[naive]:
             naive += 1
