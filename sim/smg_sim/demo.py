@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -116,6 +117,22 @@ class _Demo:
                "--policy", a.policy, "--worker-urls", *self.worker_urls]
         self.procs.append(subprocess.Popen(cmd))
 
+    def wait_router(self) -> bool:
+        """Until the router accepts connections (a TCP check: no assumption about its routes)."""
+        deadline = time.monotonic() + self.args.health_timeout
+        while not self.stop.is_set():
+            if self.procs[-1].poll() is not None:
+                print("smg-demo: the router exited during start-up", file=sys.stderr)
+                return False
+            address = (self.args.host, self.args.port)
+            with contextlib.suppress(OSError), socket.create_connection(address, timeout=0.5):
+                return True
+            if time.monotonic() > deadline:
+                print(f"smg-demo: router not listening after {self.args.health_timeout}s", file=sys.stderr)
+                return False
+            self.stop.wait(0.1)
+        return False
+
     def print_banner(self) -> None:
         a = self.args
         target = self.worker_urls[0] if a.no_router else f"http://{a.host}:{a.port}"
@@ -153,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if demo.stop.is_set() else 1
         if not args.no_router:
             demo.start_router()
+            if not demo.wait_router():
+                return 0 if demo.stop.is_set() else 1
         demo.print_banner()
         return demo.wait()
     finally:

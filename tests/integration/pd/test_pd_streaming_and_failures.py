@@ -1,0 +1,95 @@
+"""PD through the official openai client, and what happens when the prefill worker dies mid-request."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import openai
+from support.pd import register_pd, start_decode, start_prefill
+from support.procs import MODEL, Router, http_json, metric_value, start_router, wait_until
+
+
+def test_pd_stream_returns_the_decode_workers_tokens(pd_router: Router, pd_fleet) -> None:
+    prefills, decodes = pd_fleet
+    register_pd(pd_router, prefills, decodes)
+    pd_router.wait_routable(4)
+    client = openai.OpenAI(base_url=pd_router.url + "/v1", api_key="none", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=6, stream=True,
+        messages=[{"role": "user", "content": f"{uuid.uuid4()} stream me " * 10}])
+    served_by = raw.headers["x-smg-sim-worker"]
+    assert served_by in {d.url.removeprefix("http://") for d in decodes}, served_by
+    pieces = [c.choices[0].delta.content or "" for c in raw.parse() if c.choices]
+    assert len([p for p in pieces if p]) >= 2
+    # completions and /generate batch go through the same dual dispatch
+    out = client.completions.create(model=MODEL, prompt=["first item", "second item"], max_tokens=2)
+    assert len(out.choices) == 2
+    status, body = http_json("POST", pd_router.url + "/generate",
+                             {"text": ["a b c", "d e f"], "sampling_params": {"max_new_tokens": 2}})
+    assert status == 200 and len(body) == 2, body
+    assert metric_value(pd_router.metrics(), "smg_pd_requests_total", status="success") == 3
+
+
+def test_killing_the_prefill_worker_mid_request_is_a_502_and_frees_the_decode_leg(logs: Path) -> None:
+    # a slow prefill (50 uncached tokens/s in real time) leaves time to kill it mid-request
+    prefill, bport = start_prefill(logs, time_scale=1.0, extra=["--prefill-tps", "50"])
+    decode = start_decode(logs, time_scale=1.0)
+    r = start_router(logs, args=["--pd-disaggregation", "--prefill", prefill.url, str(bport),
+                                 "--decode", decode.url])
+    try:
+        r.wait_routable(2)
+        result: dict[str, object] = {}
+
+        def call() -> None:
+            t0 = time.monotonic()
+            result["answer"] = http_json("POST", r.url + "/v1/completions",
+                                         {"model": MODEL, "prompt": "p" * 500, "max_tokens": 5, "stream": True},
+                                         timeout=30)
+            result["seconds"] = time.monotonic() - t0
+
+        t = threading.Thread(target=call)
+        t.start()
+        wait_until(lambda: all(w["load"]["inflight"] == 1 for w in r.workers()), what="both legs in flight")
+        time.sleep(0.3)
+        prefill.kill()
+        t.join(timeout=20)
+        assert not t.is_alive(), "the request hung after the prefill worker died"
+        status, body = result["answer"]
+        assert status == 502, body
+        assert "prefill" in body["error"]["message"], body
+        assert result["seconds"] < 10
+        # no hung decode leg: the decode worker has nothing running or waiting, the router nothing in flight
+        wait_until(lambda: http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0
+                   and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0,
+                   what="the decode worker to drop the request")
+        assert all(w["load"]["inflight"] == 0 for w in r.workers())
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
+        assert http_json("GET", r.url + "/liveness")[0] == 200
+    finally:
+        r.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_pd_flags_register_workers_and_env_works(logs: Path, pd_fleet) -> None:
+    prefills, decodes = pd_fleet
+    env = {"SMG_PD_DISAGGREGATION": "true",
+           "SMG_PREFILL": ", ".join(f"{s.url} {b}" for s, b in prefills),
+           "SMG_DECODE": ",".join(d.url for d in decodes), "SMG_PREFILL_POLICY": "round_robin"}
+    r = start_router(logs, env=env)
+    try:
+        r.wait_routable(4)
+        ports = {w["url"]: w["bootstrap_port"] for w in r.workers() if w["role"] == "prefill"}
+        assert ports == {s.url: b for s, b in prefills}
+        for _ in range(4):
+            assert http_json("POST", r.url + "/v1/completions",
+                             {"model": MODEL, "prompt": "same prompt " * 20, "max_tokens": 1})[0] == 200
+        pre = [w["load"]["processed"] for w in r.workers() if w["role"] == "prefill"]
+        dec = [w["load"]["processed"] for w in r.workers() if w["role"] == "decode"]
+        assert pre == [2, 2]  # round robin on the prefill slot
+        assert sorted(dec) == [0, 4]  # cache-aware on the decode slot
+    finally:
+        r.stop()
