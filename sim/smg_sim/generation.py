@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +186,7 @@ async def _transfer(state: SimState, item: GenItem) -> RoomInfo:
     return info
 
 
-async def run(state: SimState, prepared: Sequence[Prepared]) -> AsyncIterator[tuple[int, StepOutput]]:
+async def run(state: SimState, prepared: Sequence[Prepared]) -> AsyncGenerator[tuple[int, StepOutput], None]:
     """Run all items concurrently; yield `(index, output)` as the engine produces them.
 
     Use under `contextlib.aclosing` so that leaving early (client disconnect) aborts every item.
@@ -223,6 +223,7 @@ async def _run_one(
                 queue.put_nowait((index, out))
                 if out.finish is not None:
                     return
+        queue.put_nowait((index, ApiError(500, "engine dropped the request", type="server_error")))
     except Exception as exc:
         queue.put_nowait((index, exc))
     finally:

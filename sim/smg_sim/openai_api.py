@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +173,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     })
 
 
-async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncIterator[dict[str, Any]]:
+async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncGenerator[dict[str, Any], None]:
     """OpenAI chunks: one per decode step with new text, a finish chunk per choice, then usage."""
     head = {
         "id": call.id, "object": "chat.completion.chunk" if chat else "text_completion",

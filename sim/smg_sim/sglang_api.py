@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from aiohttp import web
@@ -113,7 +113,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def _stream(
     state: SimState, prepared: list[gen.Prepared], rids: list[str], *, is_batch: bool, started: float
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     texts = [""] * len(prepared)
     async with contextlib.aclosing(gen.run(state, prepared)) as outputs:
         async for index, out in outputs:

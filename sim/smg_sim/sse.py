@@ -7,8 +7,9 @@ aborted by its context manager.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -25,7 +26,9 @@ def encode_event(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def respond_sse(request: web.Request, payloads: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+async def respond_sse(
+    request: web.Request, payloads: AsyncGenerator[dict[str, Any], None]
+) -> web.StreamResponse:
     """Stream `payloads` as SSE `data:` events, then `data: [DONE]`.
 
     An ApiError raised after the headers were sent becomes an `{"error": ...}` event, since the status
@@ -33,15 +36,15 @@ async def respond_sse(request: web.Request, payloads: AsyncIterator[dict[str, An
     """
     resp = web.StreamResponse(
         status=200,
-        headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"
-        },
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
     )
     await resp.prepare(request)
     try:
         try:
-            async for payload in payloads:
-                await resp.write(encode_event(payload))
+            # aclosing: a disconnect during write() must abort the engine requests right away.
+            async with contextlib.aclosing(payloads) as events:
+                async for payload in events:
+                    await resp.write(encode_event(payload))
         except ApiError as err:
             await resp.write(encode_event(error_body(err.message, type=err.type, code=err.code)))
         await resp.write(DONE)

@@ -9,8 +9,10 @@ import pytest
 from support.procs import MODEL, Router, Sim, metric_value
 
 
-def _client(router: Router) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
+@pytest.fixture
+async def client(router: Router):
+    async with openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0) as c:
+        yield c
 
 
 def _processed(router: Router) -> dict[str, int]:
@@ -21,8 +23,7 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {u: after[u] - before.get(u, 0) for u in after if after[u] - before.get(u, 0)}
 
 
-async def test_chat_requests_sharing_a_long_prefix_go_to_one_worker(router: Router) -> None:
-    client = _client(router)
+async def test_chat_requests_sharing_a_long_prefix_go_to_one_worker(router: Router, client) -> None:
     system = f"You are assistant {uuid.uuid4()}. " + "Answer briefly and precisely. " * 40
     hits_before = metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL, role="regular")
     before = _processed(router)
@@ -42,22 +43,21 @@ async def test_chat_requests_sharing_a_long_prefix_go_to_one_worker(router: Rout
     assert reply.usage.prompt_tokens_details.cached_tokens > 0
 
 
-async def test_requests_with_distinct_prefixes_spread_over_the_workers(router: Router, fleet: list[Sim]) -> None:
-    client = _client(router)
+async def test_requests_with_distinct_prefixes_spread_over_the_workers(router: Router, fleet: list[Sim],
+                                                                        client) -> None:
     before = _processed(router)
-    for i in range(12):
+    for i in range(15):
         await client.completions.create(model=MODEL, prompt=f"{uuid.uuid4()} " + f"topic {i} " * 80, max_tokens=2)
     after = _processed(router)
     spread = _delta(before, after)
-    # misses go to the least-loaded worker, ties to the one that processed fewer: every worker gets some
-    # (the exact split depends on what the last load poll saw)
+    # misses go to the least-loaded worker, ties to the one that processed fewer: every worker gets some and
+    # the totals even out (earlier tests sent 6 to one worker; the last load poll may shift one or two)
     assert set(spread) == {s.url for s in fleet}, spread
-    assert max(spread.values()) <= 8, spread
+    assert max(after.values()) - min(after.values()) <= 2, after
 
 
 @pytest.mark.parametrize("kind", ["chat", "completions"])
-async def test_streaming_through_the_router(router: Router, kind: str) -> None:
-    client = _client(router)
+async def test_streaming_through_the_router(router: Router, client, kind: str) -> None:
     prompt = f"stream {uuid.uuid4()} " * 20
     if kind == "chat":
         stream = await client.chat.completions.create(
