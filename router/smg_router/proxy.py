@@ -190,7 +190,8 @@ class Proxy:
 
     def track(self, worker: Worker, delta: int) -> None:
         worker.inflight += delta
-        self.metrics.worker_inflight.labels(worker.url, worker.role).set(worker.inflight)
+        if self.registry.get(worker.id) is worker:  # a removed worker's series must not come back
+            self.metrics.worker_inflight.labels(worker.url, worker.role).set(worker.inflight)
 
     def _backoff(self, attempt: int) -> float:
         r = self.retry
