@@ -1,0 +1,214 @@
+"""Pure: SMGWorker + pods → the desired worker set; router pods → replicas; desired vs. current → a plan.
+
+No I/O here: the handlers feed these functions what kopf's indexes hold, and ``reconciler`` carries out
+the plans.  Everything a router registration carries is decided in this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GROUP, VERSION, PLURAL = "smg.dev", "v1alpha1", "smgworkers"
+BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+MANAGED_BY = "smg.dev/managed-by"
+OWNER_NAME = "smg.dev/smgworker"
+OWNER_UID = "smg.dev/smgworker-uid"
+POD_NAME = "smg.dev/pod"
+POD_UID = "smg.dev/pod-uid"
+OPERATOR = "smg-operator"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the operator keeps of a Pod (kopf's pod index holds these)."""
+
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    ip: str | None
+    running: bool
+    ready: bool
+    terminating: bool
+
+    @property
+    def serving(self) -> bool:
+        """Running, Ready, with an IP, and not on its way out: the only pods that get traffic."""
+        return self.running and self.ready and not self.terminating and bool(self.ip)
+
+
+def pod_info(body: Mapping[str, Any]) -> PodInfo:
+    meta, status = body.get("metadata", {}), body.get("status", {}) or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return PodInfo(
+        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
+        labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+        ip=status.get("podIP"), running=status.get("phase") == "Running", ready=ready,
+        terminating=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels AND every matchExpression); an empty selector matches
+    nothing here, because an SMGWorker that forgot its selector must not grab every pod of the namespace."""
+    if not selector:
+        return False
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for e in expressions:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        has = key in labels
+        if (op == "In" and not (has and labels[key] in values)) or (op == "NotIn" and has and labels[key] in values) \
+                or (op == "Exists" and not has) or (op == "DoesNotExist" and has):
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredWorker:
+    """One registration the operator wants on every router replica."""
+
+    url: str
+    role: str
+    model_id: str
+    bootstrap_port: int | None
+    labels: Mapping[str, str]
+    owner: str
+    pod: str | None = None
+
+    def registration(self) -> dict[str, Any]:
+        """The POST /workers body."""
+        return {"url": self.url, "role": self.role, "model_id": self.model_id,
+                "bootstrap_port": self.bootstrap_port, "labels": dict(self.labels), "owner": self.owner}
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    workers: tuple[DesiredWorker, ...]
+    selected: int
+    """Pods the selector matches (ready or not) plus static endpoints: the denominator of "ready x/y"."""
+
+
+def _bootstrap_port(spec: Mapping[str, Any], pod: PodInfo | None) -> int | None:
+    if pod is not None:
+        raw = pod.annotations.get(BOOTSTRAP_ANNOTATION)
+        if raw is not None and raw.strip().isdigit() and 0 < int(raw) < 65536:
+            return int(raw)
+    port = spec.get("bootstrapPort")
+    return int(port) if isinstance(port, int) else None
+
+
+def desired_workers(*, namespace: str, name: str, uid: str, spec: Mapping[str, Any],
+                    pods: Iterable[PodInfo]) -> Desired:
+    """The workers an SMGWorker asks for: its serving selected pods, plus its static endpoints."""
+    role, model = spec.get("role", "regular"), spec.get("model", "")
+    port = int(spec.get("port") or 8000)
+    base = {**(spec.get("labels") or {}), MANAGED_BY: OPERATOR, OWNER_NAME: f"{namespace}.{name}", OWNER_UID: uid}
+    if spec.get("policy"):
+        base["policy"] = spec["policy"]
+    owner = f"{OPERATOR}:{namespace}/{name}"
+    selected = [p for p in pods if p.namespace == namespace and selector_matches(spec.get("selector"), p.labels)]
+    out: dict[str, DesiredWorker] = {}
+    for pod in sorted(selected, key=lambda p: p.name):
+        if not pod.serving:
+            continue
+        url = f"http://{pod.ip}:{port}"
+        out[url] = DesiredWorker(url=url, role=role, model_id=model, bootstrap_port=_bootstrap_port(spec, pod),
+                                 labels={**base, POD_NAME: pod.name, POD_UID: pod.uid}, owner=owner, pod=pod.name)
+    endpoints = [str(e).rstrip("/") for e in spec.get("endpoints") or []]
+    for url in endpoints:
+        out.setdefault(url, DesiredWorker(url=url, role=role, model_id=model,
+                                          bootstrap_port=_bootstrap_port(spec, None), labels=base, owner=owner))
+    return Desired(workers=tuple(out.values()), selected=len(selected) + len(set(endpoints)))
+
+
+@dataclass(frozen=True, slots=True)
+class RouterTarget:
+    """Where an SMGWorker's router replicas are found."""
+
+    service: str
+    namespace: str
+    port: int
+
+
+def router_target(*, namespace: str, spec: Mapping[str, Any], default_service: str | None,
+                  default_namespace: str | None, default_port: int) -> RouterTarget | None:
+    router = spec.get("router") or {}
+    service = router.get("service") or default_service
+    if not service:
+        return None
+    return RouterTarget(service=service, namespace=router.get("namespace") or default_namespace or namespace,
+                        port=int(router.get("port") or default_port))
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    pod: str
+    url: str
+
+
+def router_replicas(target: RouterTarget, service_selector: Mapping[str, str] | None,
+                    pods: Iterable[PodInfo]) -> list[Replica]:
+    """The Ready pods the router Service selects (the set its endpoints would list)."""
+    if not service_selector:
+        return []
+    selector = {"matchLabels": dict(service_selector)}
+    return sorted((Replica(pod=p.name, url=f"http://{p.ip}:{target.port}") for p in pods
+                   if p.namespace == target.namespace and p.serving and selector_matches(selector, p.labels)),
+                  key=lambda r: r.pod)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do on one router replica: register, replace (same URL, new spec), remove (by worker id)."""
+
+    add: tuple[DesiredWorker, ...] = ()
+    replace: tuple[tuple[str, DesiredWorker], ...] = ()
+    remove: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = field(default=())
+    """URLs wanted but registered there by someone else: left alone and reported."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.add or self.replace or self.remove)
+
+
+def _same(current: Mapping[str, Any], want: DesiredWorker) -> bool:
+    return (current.get("role"), current.get("model_id"), current.get("bootstrap_port"),
+            current.get("labels") or {}, current.get("owner")) == (
+        want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner)
+
+
+def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> Plan:
+    """Diff one replica's ``GET /workers`` against the desired set; touch only workers this SMGWorker owns."""
+    want = {w.url: w for w in desired}
+    add: list[DesiredWorker] = []
+    replace: list[tuple[str, DesiredWorker]] = []
+    remove: list[str] = []
+    conflicts: list[str] = []
+    seen: set[str] = set()
+    for cur in current:
+        url, labels = cur.get("url"), cur.get("labels") or {}
+        mine = labels.get(OWNER_UID) == owner_uid
+        if url in want:
+            seen.add(url)
+            if not mine:
+                conflicts.append(url)
+            elif not _same(cur, want[url]):
+                replace.append((cur["id"], want[url]))
+        elif mine:
+            remove.append(cur["id"])
+    add = [w for url, w in want.items() if url not in seen]
+    return Plan(add=tuple(add), replace=tuple(replace), remove=tuple(remove), conflicts=tuple(conflicts))
+
+
+def owned_ids(current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> list[str]:
+    return [w["id"] for w in current if (w.get("labels") or {}).get(OWNER_UID) == owner_uid]

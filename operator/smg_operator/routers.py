@@ -1,0 +1,60 @@
+"""The router client: the lifecycle REST API of every router replica, over HTTP only.
+
+The operator never reaches into router internals; it uses the same API as people do, with the admin
+token from ``SMG_ADMIN_API_KEY``.  Every call is counted in ``smg_operator_hook_calls_total``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from smg_operator.metrics import OperatorMetrics
+
+
+class RouterCallError(Exception):
+    """A call to a router replica failed: unreachable (``reachable`` False) or answered with an error."""
+
+    def __init__(self, message: str, *, reachable: bool) -> None:
+        super().__init__(message)
+        self.reachable = reachable
+
+
+class RouterClient:
+    def __init__(self, *, session: aiohttp.ClientSession, token: str | None, metrics: OperatorMetrics,
+                 timeout: float = 5.0) -> None:
+        self._session = session
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._metrics = metrics
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def _call(self, hook: str, method: str, url: str, *, json: Any = None, ok: tuple[int, ...] = (200, 201),
+                    client_timeout: aiohttp.ClientTimeout | None = None) -> Any:
+        try:
+            async with self._session.request(method, url, json=json, headers=self._headers,
+                                             timeout=client_timeout or self._timeout) as resp:
+                body = await resp.json(content_type=None)
+                if resp.status not in ok:
+                    message = (body or {}).get("error", {}).get("message") if isinstance(body, dict) else body
+                    self._metrics.hook_calls.labels(hook, "error").inc()
+                    raise RouterCallError(f"{method} {url} -> {resp.status}: {message}", reachable=True)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+            self._metrics.hook_calls.labels(hook, "unreachable").inc()
+            raise RouterCallError(f"{method} {url}: {type(e).__name__}: {e}", reachable=False) from None
+        self._metrics.hook_calls.labels(hook, "ok").inc()
+        return body
+
+    async def list_workers(self, router: str) -> list[dict[str, Any]]:
+        body = await self._call("list", "GET", f"{router}/workers")
+        return list(body.get("workers", []))
+
+    async def register(self, router: str, registration: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("register", "POST", f"{router}/workers", json=registration)
+
+    async def replace(self, router: str, worker_id: str, registration: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)
+
+    async def remove(self, router: str, worker_id: str, *, drain_timeout: float) -> None:
+        await self._call("remove", "DELETE", f"{router}/workers/{worker_id}?timeout={drain_timeout:g}",
+                         ok=(200, 404), client_timeout=aiohttp.ClientTimeout(total=drain_timeout + 10))

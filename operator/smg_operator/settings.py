@@ -1,0 +1,69 @@
+"""Command line and environment → OperatorSettings (every flag --x-y is also SMG_OPERATOR_X_Y)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means the whole cluster."""
+    reconcile_interval: float = 10.0
+    """Seconds between level-triggered reconciles of each SMGWorker (events trigger one sooner)."""
+    router_service: str | None = None
+    """Router Service for SMGWorkers that do not name one in spec.router."""
+    router_namespace: str | None = None
+    """Namespace of that Service; None means the SMGWorker's own."""
+    router_port: int = 30000
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080
+    """Serves /metrics and /healthz; 0 disables."""
+    admin_api_key: str | None = None
+    """The router's admin token (SMG_ADMIN_API_KEY, the variable the router reads)."""
+    leader_election: bool = False
+    leader_election_namespace: str | None = None
+    router_timeout: float = 5.0
+    log_level: str = "info"
+
+
+def _env(flag: str, default: object) -> object:
+    return os.environ.get("SMG_OPERATOR_" + flag.upper().replace("-", "_"), default)
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
+    p = argparse.ArgumentParser(prog="smg-operator", description="Registers SMGWorker pools with every SMG router "
+                                "replica. Flags --x-y can also be set as SMG_OPERATOR_X_Y.")
+    ns_env = str(_env("namespace", ""))
+    p.add_argument("--namespace", action="append", default=None,
+                   help="namespace to watch (repeat; default: the whole cluster)")
+    p.add_argument("--reconcile-interval", type=float, default=float(_env("reconcile-interval", 10.0)))
+    p.add_argument("--router-service", default=_env("router-service", None), help="default router Service name")
+    p.add_argument("--router-namespace", default=_env("router-namespace", None), help="its namespace")
+    p.add_argument("--router-port", type=int, default=int(_env("router-port", 30000)))
+    p.add_argument("--metrics-host", default=_env("metrics-host", "0.0.0.0"))
+    p.add_argument("--metrics-port", type=int, default=int(_env("metrics-port", 8080)),
+                   help="port of /metrics and /healthz (0: off)")
+    p.add_argument("--leader-election", action="store_true",
+                   default=str(_env("leader-election", "")).lower() in ("1", "true", "yes"))
+    p.add_argument("--leader-election-namespace", default=_env("leader-election-namespace", None))
+    p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", 5.0)))
+    p.add_argument("--log-level", default=_env("log-level", "info"))
+    a = p.parse_args(argv)
+    if a.reconcile_interval <= 0:
+        p.error("--reconcile-interval must be positive")
+    namespaces = tuple(a.namespace or [n.strip() for n in ns_env.split(",") if n.strip()])
+    if a.leader_election and not (a.leader_election_namespace or namespaces or os.environ.get("POD_NAMESPACE")):
+        p.error("--leader-election needs --leader-election-namespace (or POD_NAMESPACE)")
+    return OperatorSettings(
+        namespaces=namespaces, reconcile_interval=a.reconcile_interval, router_service=a.router_service,
+        router_namespace=a.router_namespace, router_port=a.router_port, metrics_host=a.metrics_host,
+        metrics_port=a.metrics_port, admin_api_key=os.environ.get("SMG_ADMIN_API_KEY") or None,
+        leader_election=a.leader_election,
+        leader_election_namespace=a.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+        or (namespaces[0] if namespaces else None),
+        router_timeout=a.router_timeout, log_level=a.log_level,
+    )

@@ -1,0 +1,107 @@
+"""Pure: what a reconcile observed → the SMGWorker's status, conditions and the events worth posting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from smg_operator.desired import Desired
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaResult:
+    pod: str
+    url: str
+    reachable: bool
+    registered: frozenset[str] = frozenset()
+    """Desired URLs present on this replica after the reconcile."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    desired: Desired
+    replicas: Sequence[ReplicaResult]
+    router_problem: tuple[str, str] | None = None
+    """(reason, message) when the router itself could not be found (no Service, no Ready replica)."""
+    conflicts: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def _condition(ctype: str, ok: bool, reason: str, message: str, now: str, generation: int | None,
+               previous: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    old = previous.get(ctype) or {}
+    changed = old.get("status") != status
+    return {"type": ctype, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": now if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
+            "observedGeneration": generation}
+
+
+def build_status(observed: Observed, *, generation: int | None, now: str,
+                 previous: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+    """The new status, and the events for transitions (router unreachable / recovered, registration failures)."""
+    previous = previous or {}
+    prev_conditions = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
+    workers = observed.desired.workers
+    urls = {w.url for w in workers}
+    replicas = observed.replicas
+    unreachable = [r for r in replicas if not r.reachable]
+    everywhere = {u for u in urls if replicas and all(u in r.registered for r in replicas)}
+
+    if workers:
+        resolved = _condition("EndpointsResolved", True, "EndpointsFound", f"{len(workers)} endpoint(s) serving",
+                              now, generation, prev_conditions)
+    else:
+        resolved = _condition("EndpointsResolved", False, "NoMatchingPods",
+                              "no Running, Ready pod matches the selector and no static endpoint is set",
+                              now, generation, prev_conditions)
+    if observed.router_problem is not None:
+        reason, message = observed.router_problem
+        registered = _condition("Registered", False, reason, message, now, generation, prev_conditions)
+    elif unreachable:
+        message = "; ".join(f"{r.pod} ({r.url}): {r.error}" for r in unreachable)
+        registered = _condition("Registered", False, "RouterUnreachable", message, now, generation, prev_conditions)
+    elif everywhere != urls:
+        errors = "; ".join(r.error for r in replicas if r.error) or "some endpoints are not registered yet"
+        registered = _condition("Registered", False, "RegistrationFailed", errors, now, generation, prev_conditions)
+    else:
+        registered = _condition("Registered", True, "RegisteredOnAllReplicas",
+                                f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)",
+                                now, generation, prev_conditions)
+    cause = resolved if resolved["status"] == "False" else registered
+    ok = cause["status"] == "True"
+    ready = _condition("Ready", ok, "Ready" if ok else cause["reason"], "serving" if ok else cause["message"],
+                       now, generation, prev_conditions)
+    errors = [registered["message"]] if registered["status"] == "False" and workers else []
+    if observed.conflicts:
+        errors.append("registered by someone else, left alone: " + ", ".join(observed.conflicts))
+    status = {
+        "observedGeneration": generation,
+        "ready": f"{len(workers)}/{observed.desired.selected}",
+        "readyEndpoints": len(workers),
+        "registeredEndpoints": len(everywhere),
+        "conditions": [ready, resolved, registered],
+        "endpoints": [{"url": w.url, "pod": w.pod or "", "registered": w.url in everywhere} for w in workers],
+        "routers": [{"pod": r.pod, "url": r.url, "reachable": r.reachable, "registered": len(r.registered & urls),
+                     "lastSync": now} for r in replicas],
+        "lastError": "; ".join(errors),
+    }
+    return status, _events(prev_conditions.get("Registered"), registered)
+
+
+def _events(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[Event]:
+    was = (before or {}).get("reason")
+    now_reason = after["reason"]
+    if after["status"] == "False" and was != now_reason:
+        return [Event("Warning", now_reason, after["message"])]
+    if after["status"] == "True" and before is not None and before.get("status") == "False":
+        return [Event("Normal", "Recovered", f"registered again after {was}: {after['message']}")]
+    return []
