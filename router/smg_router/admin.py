@@ -12,11 +12,11 @@ import hmac
 from dataclasses import replace
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
 from smg_router.errors import BadRequest, NotFound, Unauthorized
+from smg_router.handlers import json_response as _json
 from smg_router.handlers import read_body
 from smg_router.routing_text import parse_body
 from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
@@ -39,10 +39,6 @@ def _authorize(request: web.Request) -> RouterCore:
             raise Unauthorized("this call needs the admin API key as 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
     return core
-
-
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
 
 def _worker_json(core: RouterCore, worker: Worker) -> dict[str, Any]:

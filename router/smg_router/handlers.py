@@ -42,25 +42,25 @@ completions = _generation("completions", "/v1/completions")
 generate = _generation("generate", "/generate")
 
 
-def _json(data: object, status: int = 200) -> web.Response:
+def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
 
 async def models(request: web.Request) -> web.Response:
     core: RouterCore = request.app[ROUTER]
     names = sorted({w.model_id for w in core.registry if w.model_id is not None and w.routable})
-    return _json({"object": "list",
+    return json_response({"object": "list",
                   "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]})
 
 
 async def liveness(request: web.Request) -> web.Response:
-    return _json({"status": "alive"})
+    return json_response({"status": "alive"})
 
 
 async def readiness(request: web.Request) -> web.Response:
     core: RouterCore = request.app[ROUTER]
     ready, detail = core.readiness()
-    return _json({"status": "ready" if ready else "not_ready", **detail}, 200 if ready else 503)
+    return json_response({"status": "ready" if ready else "not_ready", **detail}, 200 if ready else 503)
 
 
 async def health(request: web.Request) -> web.Response:
