@@ -157,13 +157,18 @@ class Replica:
 
 def router_replicas(target: RouterTarget, service_selector: Mapping[str, str] | None,
                     pods: Iterable[PodInfo]) -> list[Replica]:
-    """The Ready pods the router Service selects (the set its endpoints would list)."""
+    """The running pods the router Service selects, Ready or not.
+
+    Not only the Ready ones: a router is Ready (``/readiness``) only once it has a routable worker, and it gets
+    its workers from us, so waiting for Ready would leave a new replica empty forever.  Terminating pods are
+    left out: they are on their way out.
+    """
     if not service_selector:
         return []
     selector = {"matchLabels": dict(service_selector)}
     return sorted((Replica(pod=p.name, url=f"http://{p.ip}:{target.port}") for p in pods
-                   if p.namespace == target.namespace and p.serving and selector_matches(selector, p.labels)),
-                  key=lambda r: r.pod)
+                   if p.namespace == target.namespace and p.running and p.ip and not p.terminating
+                   and selector_matches(selector, p.labels)), key=lambda r: r.pod)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,11 +69,16 @@ def test_label_selectors(selector, labels, match) -> None:
     assert selector_matches(selector, labels) is match
 
 
-def test_router_replicas_are_the_ready_pods_the_service_selects() -> None:
+def test_router_replicas_are_the_running_pods_the_service_selects() -> None:
     target = RouterTarget(service="smg", namespace="ns", port=30000)
-    pods = [pod("r1", "127.0.0.2", labels={"app": "smg"}), pod("r2", "127.0.0.3", labels={"app": "smg"}, ready=False),
-            pod("w1", "127.0.0.4", labels={"app": "w"})]
-    assert [(r.pod, r.url) for r in router_replicas(target, {"app": "smg"}, pods)] == [("r1", "http://127.0.0.2:30000")]
+    app = {"app": "smg"}
+    pods = [pod("r1", "127.0.0.2", labels=app),
+            pod("r2", "127.0.0.3", labels=app, ready=False),  # not Ready yet: it needs its workers from us
+            pod("r3", "127.0.0.4", labels=app, terminating=True), pod("r4", "127.0.0.5", labels=app, running=False),
+            pod("r5", None, labels=app), pod("w1", "127.0.0.6", labels={"app": "w"}),
+            pod("r6", "127.0.0.7", labels=app, ns="elsewhere")]
+    assert [(r.pod, r.url) for r in router_replicas(target, app, pods)] == [
+        ("r1", "http://127.0.0.2:30000"), ("r2", "http://127.0.0.3:30000")]
     assert router_replicas(target, {}, pods) == []
 
 
