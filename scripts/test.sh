@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/install-test-tools.sh   # etcd, prometheus, kubectl, kube-apiserver (built once, cached)
 .venv/bin/ruff check .
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider -rs "$@"

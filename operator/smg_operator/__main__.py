@@ -64,8 +64,11 @@ async def run(settings: OperatorSettings) -> None:
             log.info("smg-operator watching %s (reconcile every %gs, default router %s)",
                      ", ".join(settings.namespaces) or "all namespaces", settings.reconcile_interval,
                      settings.router_service or "-")
+            # Only a lost lease sets ``stop``.  kopf 1.45 leaves its waiter on a stop flag pending when a signal
+            # stops it, which delays every SIGTERM exit by 5 s: so pass the flag only when it can be set.
             await kopf.operator(clusterwide=not settings.namespaces, namespaces=list(settings.namespaces),
-                                standalone=True, memo=kopf.Memo(runtime=rt), ready_flag=ready, stop_flag=stop)
+                                standalone=True, memo=kopf.Memo(runtime=rt), ready_flag=ready,
+                                stop_flag=stop if settings.leader_election else None)
         finally:
             if keeper is not None:
                 keeper.cancel()

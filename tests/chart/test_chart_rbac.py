@@ -1,0 +1,134 @@
+"""The operator's RBAC grants exactly the Kubernetes calls smg-operator makes, no more, in every mode.
+
+The calls (the operator's fixed interface): pods and services get/list/watch; smgworkers get/list/watch/
+patch/update, smgworkers/status get/patch/update, smgworkers/finalizers update; events create/patch (core
+and events.k8s.io); leases get/create/update/patch only with leader election; and for kopf's discovery, even
+when it watches one namespace, customresourcedefinitions and namespaces list/watch (cluster-scoped).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from support.helm_chart import NAMESPACE, Rendered, render
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def grants(*rules: tuple[str, str, str]) -> set[Grant]:
+    out = set()
+    for group, resource, verbs in rules:
+        out |= {(group, resource, verb) for verb in verbs.split()}
+    return out
+
+
+NAMESPACED = grants(
+    ("", "pods", "get list watch"),
+    ("", "services", "get list watch"),
+    ("smg.dev", "smgworkers", "get list watch patch update"),
+    ("smg.dev", "smgworkers/status", "get patch update"),
+    ("smg.dev", "smgworkers/finalizers", "update"),
+    ("", "events", "create patch"),
+    ("events.k8s.io", "events", "create patch"),
+)
+DISCOVERY = grants(
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list watch"),
+    ("", "namespaces", "list watch"),
+)
+LEASES = grants(("coordination.k8s.io", "leases", "get create update patch"))
+OPERATOR_SA = {"kind": "ServiceAccount", "name": "smg-operator", "namespace": NAMESPACE}
+
+
+def rule_grants(role: dict) -> set[Grant]:
+    out: set[Grant] = set()
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), f"wildcard in {role['metadata']['name']}: {rule}"
+                    out.add((group, resource, verb))
+    return out
+
+
+def bound_grants(r: Rendered) -> dict[tuple[str, str], set[Grant]]:
+    """What the operator's ServiceAccount may do: (scope, namespace) → grants, through the rendered bindings."""
+    roles = {("Role", o["metadata"]["namespace"], o["metadata"]["name"]): o for o in r.of_kind("Role")}
+    roles |= {("ClusterRole", "", o["metadata"]["name"]): o for o in r.of_kind("ClusterRole")}
+    out: dict[tuple[str, str], set[Grant]] = defaultdict(set)
+    for binding in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding"):
+        assert binding["subjects"] == [OPERATOR_SA], binding
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        cluster = binding["kind"] == "ClusterRoleBinding"
+        ns = "" if cluster else binding["metadata"]["namespace"]
+        key = (ref["kind"], "" if ref["kind"] == "ClusterRole" else ns, ref["name"])
+        assert key in roles, f"{binding['kind']}/{binding['metadata']['name']} refers to a missing {key}"
+        out[("cluster" if cluster else "namespace", ns)] |= rule_grants(roles[key])
+    bound = {k for b in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding")
+             for k in [(b["roleRef"]["kind"], "" if b["roleRef"]["kind"] == "ClusterRole"
+                        else b["metadata"]["namespace"], b["roleRef"]["name"])]}
+    assert set(roles) == bound, f"roles without a binding: {set(roles) - bound}"
+    return dict(out)
+
+
+def test_default_namespaced_rbac() -> None:
+    assert bound_grants(render()) == {
+        ("namespace", NAMESPACE): NAMESPACED,
+        ("cluster", ""): DISCOVERY,
+    }
+
+
+def test_leader_election_adds_leases_only_with_more_than_one_replica() -> None:
+    assert bound_grants(render({"operator": {"replicas": 2}})) == {
+        ("namespace", NAMESPACE): NAMESPACED | LEASES,
+        ("cluster", ""): DISCOVERY,
+    }
+    assert bound_grants(render({"operator": {"replicas": 1}})) == bound_grants(render())
+
+
+def test_cluster_wide_rbac() -> None:
+    r = render({"operator": {"clusterWide": True}})
+    assert not r.of_kind("Role") and not r.of_kind("RoleBinding")
+    assert bound_grants(r) == {("cluster", ""): NAMESPACED | DISCOVERY}
+    ha = render({"operator": {"clusterWide": True, "replicas": 3}})
+    assert bound_grants(ha) == {("cluster", ""): NAMESPACED | DISCOVERY, ("namespace", NAMESPACE): LEASES}
+
+
+def test_watched_namespaces_get_a_role_each_and_the_router_namespace_too() -> None:
+    r = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+    assert bound_grants(r) == {
+        ("namespace", "team-a"): NAMESPACED,
+        ("namespace", "team-b"): NAMESPACED,
+        ("namespace", NAMESPACE): NAMESPACED,  # the router's pods and Service live here
+        ("cluster", ""): DISCOVERY,
+    }
+    args = r.get("Deployment", "smg-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    watched = [args[i + 1] for i, a in enumerate(args) if a == "--namespace"]
+    assert watched == ["team-a", "team-b"]
+
+
+def test_union_of_grants_is_exactly_the_operator_calls() -> None:
+    """Over every mode, nothing is granted that is not in the operator's list of calls."""
+    everything: set[Grant] = set()
+    for values in ({}, {"operator": {"replicas": 2}}, {"operator": {"clusterWide": True, "replicas": 2}}):
+        for granted in bound_grants(render(values)).values():
+            everything |= granted
+    assert everything == NAMESPACED | DISCOVERY | LEASES
+
+
+@pytest.mark.parametrize("values", [{}, {"operator": {"clusterWide": True}}])
+def test_router_has_no_api_access(values: dict) -> None:
+    r = render(values)
+    router_sa = r.get("ServiceAccount", "smg-router")
+    assert router_sa["automountServiceAccountToken"] is False
+    for binding in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding"):
+        assert all(s["name"] != "smg-router" for s in binding["subjects"])
+
+
+def test_operator_disabled_renders_no_rbac() -> None:
+    r = render({"operator": {"enabled": False}})
+    for kind in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
+        assert not r.of_kind(kind)
+    assert [d["metadata"]["name"] for d in r.of_kind("Deployment")] == ["smg-router"]

@@ -1,0 +1,93 @@
+"""An SMGWorker's ready pods end up on every router replica, and its status says so."""
+
+from __future__ import annotations
+
+from kmock_harness import OWNER_UID, POD_UID, Fleet, Kube, Operator, pool_spec, wait_for
+from support.procs import MODEL
+
+
+def _two_replicas_and_two_workers(fleet: Fleet) -> None:
+    fleet.router_service()
+    fleet.add_router("router-0")
+    fleet.add_router("router-1")
+    fleet.add_worker("llama-0", labels={"pool": "llama"})
+    fleet.add_worker("llama-1", labels={"pool": "llama"})
+
+
+def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_replicas(
+        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    _two_replicas_and_two_workers(fleet)
+    fleet.add_worker("other-0", labels={"pool": "other"})  # not selected
+    smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port,
+                                                    labels={"tier": "gold"}, policy="cache_aware"))
+    uid = smgw["metadata"]["uid"]
+    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
+
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    assert fleet.everywhere(want)  # nothing else (the unselected pod is not registered)
+    for pod in fleet.routers:
+        for worker in fleet.workers(pod):
+            pod_name = next(p for p in ("llama-0", "llama-1") if fleet.sims[p].url == worker["url"])
+            assert worker["role"] == "regular"
+            assert worker["model_id"] == MODEL
+            assert worker["owner"] == f"smg-operator:{kube.ns}/llama"
+            assert worker["labels"] == {
+                "tier": "gold", "policy": "cache_aware", "smg.dev/managed-by": "smg-operator",
+                "smg.dev/smgworker": f"{kube.ns}.llama", OWNER_UID: uid, "smg.dev/pod": pod_name,
+                POD_UID: kube.pod(pod_name)["metadata"]["uid"]}
+
+    status = wait_for(lambda: (s := kube.status("llama")).get("registeredEndpoints") == 2 and s,
+                      timeout=5, what="status registeredEndpoints 2")
+    assert status["ready"] == "2/2"
+    assert status["readyEndpoints"] == 2
+    assert status["observedGeneration"] == kube.smgworker("llama")["metadata"]["generation"]
+    assert status["lastError"] == ""
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("True", "Ready")
+    assert (conditions["EndpointsResolved"]["status"], conditions["EndpointsResolved"]["reason"]) == \
+        ("True", "EndpointsFound")
+    assert (conditions["Registered"]["status"], conditions["Registered"]["reason"]) == \
+        ("True", "RegisteredOnAllReplicas")
+    assert all(c["message"] and c["lastTransitionTime"] for c in conditions.values())
+    assert sorted(e["url"] for e in status["endpoints"]) == sorted(want)
+    assert all(e["registered"] for e in status["endpoints"])
+    assert sorted((r["pod"], r["reachable"], r["registered"]) for r in status["routers"]) == \
+        [("router-0", True, 2), ("router-1", True, 2)]
+
+
+def test_a_pod_that_is_not_ready_counts_as_selected_but_is_not_registered_until_it_is_ready(
+        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    _two_replicas_and_two_workers(fleet)
+    late = fleet.add_worker("llama-2", labels={"pool": "llama"}, ready=False)
+    smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))
+    uid = smgw["metadata"]["uid"]
+    two = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
+
+    wait_for(lambda: kube.status("llama").get("ready") == "2/3", timeout=5, what='status ready "2/3"')
+    assert fleet.everywhere(two, owner_uid=uid)
+
+    kube.set_pod_status("llama-2", ip=late.host, ready=True)
+    wait_for(lambda: fleet.everywhere(two | {late.url}, owner_uid=uid), timeout=5,
+             what="the pod that became ready on both replicas")
+    wait_for(lambda: kube.status("llama").get("ready") == "3/3", timeout=5, what='status ready "3/3"')
+
+
+def test_a_changed_spec_replaces_the_registrations_on_every_replica(
+        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    _two_replicas_and_two_workers(fleet)
+    smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port,
+                                                    labels={"tier": "gold"}))
+    uid = smgw["metadata"]["uid"]
+    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+
+    patched = kube.merge(kube.smgw_path("llama"), {"spec": {"labels": {"tier": "silver"}}})
+    assert patched["metadata"]["generation"] == 2
+
+    def relabelled() -> bool:
+        return all(w["labels"].get("tier") == "silver" for pod in fleet.routers for w in fleet.workers(pod)) \
+            and fleet.everywhere(want, owner_uid=uid)
+
+    wait_for(relabelled, timeout=5, what="the new labels on every replica")
+    wait_for(lambda: kube.status("llama").get("observedGeneration") == 2, timeout=5,
+             what="status.observedGeneration 2")
