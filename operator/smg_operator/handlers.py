@@ -68,7 +68,8 @@ def _services(index: kopf.Index) -> dict[tuple[str, str], Mapping[str, str] | No
     return {key: next(iter(store), None) for key, store in index.items()}
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+# cancellation_backoff: on deletion, let a pass in flight finish (the finalizer waits for it) rather than be cancelled
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
 async def keep_registered(namespace: str, name: str, uid: str, body: kopf.Body, stopped: kopf.DaemonStopped,
                           pods_index: kopf.Index, services_index: kopf.Index, memo: kopf.Memo, **_: Any) -> None:
     """The reconcile loop of one SMGWorker: on every poke (pod, service or spec change) and every interval."""
@@ -100,7 +101,8 @@ async def _wait_any(poke: asyncio.Event, stopped: kopf.DaemonStopped, *, interva
             w.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*waiters, return_exceptions=True)
-    await asyncio.sleep(0.05)  # coalesce a burst of pod events into one reconcile
+    if not stopped:  # a stopped daemon exits at once (kopf cancels one that does not exit within a few cycles)
+        await asyncio.sleep(0.05)  # coalesce a burst of pod events into one reconcile
 
 
 async def _reconcile_once(rt: Runtime, *, namespace: str, name: str, uid: str, body: kopf.Body,

@@ -165,7 +165,7 @@ def test_status_is_a_subresource(control_plane: ControlPlane, crd: dict, namespa
 
 # ------------------------------------------------------------------------------------- pods by hand
 def _ready(pod: dict) -> str | None:
-    return next((c["status"] for c in pod["status"].get("conditions", []) if c["type"] == "Ready"), None)
+    return next((c["status"] for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
 
 
 def test_make_ready_pod(control_plane: ControlPlane, namespace: str) -> None:

@@ -9,6 +9,7 @@ Deployment share ``router.port``) and workers share another (``spec.port``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import signal
 import sys
@@ -230,6 +231,11 @@ class Fleet:
         self.kube.create_pod(pod, labels=ROUTER_LABELS, ip=host)
         return self.routers[pod]
 
+    def add_routers(self, *pods: str) -> list[Router]:
+        """Several replicas, their processes started side by side (each takes ~0.5 s to come up)."""
+        with concurrent.futures.ThreadPoolExecutor(len(pods)) as pool:
+            return list(pool.map(self.add_router, pods))
+
     def stop_router(self, pod: str) -> None:
         self.routers[pod].stop()
 
@@ -257,6 +263,11 @@ class Fleet:
         self.sims[pod] = sim
         self.kube.create_pod(pod, labels=labels, ip=sim.host, ready=ready, annotations=annotations)
         return sim
+
+    def add_workers(self, *pods: str, labels: Mapping[str, str]) -> list[Sim]:
+        """Several ready worker pods with the same labels, their processes started side by side."""
+        with concurrent.futures.ThreadPoolExecutor(len(pods)) as pool:
+            return list(pool.map(lambda pod: self.add_worker(pod, labels=labels), pods))
 
     def add_sim(self, key: str, extra: Iterable[str] = ()) -> Sim:
         """A worker process with no pod (a static endpoint, or one a person registers by hand)."""

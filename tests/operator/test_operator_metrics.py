@@ -9,10 +9,8 @@ from support.procs import metric_value
 def test_the_operator_metrics_count_hook_calls_reconciles_and_registered_workers(
         kube: Kube, fleet: Fleet, operator: Operator) -> None:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
-    fleet.add_worker("llama-0", labels={"pool": "llama"})
-    fleet.add_worker("llama-1", labels={"pool": "llama"})
+    fleet.add_routers("router-0", "router-1")
+    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
     kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))
     gauge = {"smgworker": f"{kube.ns}/llama"}
 

@@ -8,10 +8,8 @@ from kmock_harness import HOLD_FINALIZER, POD_UID, Fleet, Kube, Operator, pool_s
 def test_a_terminating_pod_is_drained_from_both_replicas_and_its_successor_on_the_same_ip_is_registered(
         kube: Kube, fleet: Fleet, operator: Operator) -> None:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
-    leaving = fleet.add_worker("llama-0", labels={"pool": "llama"})
-    staying = fleet.add_worker("llama-1", labels={"pool": "llama"})
+    fleet.add_routers("router-0", "router-1")
+    leaving, staying = fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
     uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
     wait_for(lambda: fleet.everywhere({leaving.url, staying.url}, owner_uid=uid), timeout=5,
              what="both pods on both replicas")

@@ -10,10 +10,8 @@ from support.procs import http_json
 
 def _registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
-    fleet.add_worker("llama-0", labels={"pool": "llama"})
-    fleet.add_worker("llama-1", labels={"pool": "llama"})
+    fleet.add_routers("router-0", "router-1")
+    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
     uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
     wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")

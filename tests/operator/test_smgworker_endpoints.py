@@ -9,8 +9,7 @@ from support.procs import free_port
 def test_the_bootstrap_port_annotation_of_a_prefill_pod_wins_over_the_spec(
         kube: Kube, fleet: Fleet, operator: Operator) -> None:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
+    fleet.add_routers("router-0", "router-1")
     annotated_port, spec_port = free_port(), free_port()
     annotated = fleet.add_worker("prefill-0", labels={"pool": "prefill"},
                                  annotations={"sglang.ai/bootstrap-port": str(annotated_port)},
@@ -29,8 +28,7 @@ def test_the_bootstrap_port_annotation_of_a_prefill_pod_wins_over_the_spec(
 
 def test_static_endpoints_are_registered_on_every_replica(kube: Kube, fleet: Fleet, operator: Operator) -> None:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
+    fleet.add_routers("router-0", "router-1")
     outside = [fleet.add_sim("outside-0"), fleet.add_sim("outside-1")]  # no pods: "outside the cluster"
     spec = pool_spec("none", fleet.router_port, fleet.worker_port, endpoints=[s.url + "/" for s in outside])
     del spec["selector"]

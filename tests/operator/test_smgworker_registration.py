@@ -8,10 +8,8 @@ from support.procs import MODEL
 
 def _two_replicas_and_two_workers(fleet: Fleet) -> None:
     fleet.router_service()
-    fleet.add_router("router-0")
-    fleet.add_router("router-1")
-    fleet.add_worker("llama-0", labels={"pool": "llama"})
-    fleet.add_worker("llama-1", labels={"pool": "llama"})
+    fleet.add_routers("router-0", "router-1")
+    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
 
 
 def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_replicas(

@@ -420,7 +420,7 @@ class ControlPlane:
 
         def established() -> dict[str, Any] | None:
             crd = self.api("GET", path)
-            conds = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+            conds = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
             return crd if conds.get("Established") == "True" else None
 
         return wait_for(established, timeout=timeout, what=f"CRD {name} Established")

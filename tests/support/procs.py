@@ -163,16 +163,17 @@ def start_sim(tmp: Path, *, model: str = MODEL, host: str | None = None, extra: 
 
 
 def start_router(tmp: Path, *, workers: list[str] | tuple[str, ...] = (), args: list[str] | None = None,
-                 env: dict[str, str] | None = None, admin_key: str | None = None, port: int | None = None) -> Router:
-    port = port or free_port()
-    argv = [sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port),
+                 env: dict[str, str] | None = None, admin_key: str | None = None, port: int | None = None,
+                 host: str = "127.0.0.1") -> Router:
+    port = port or free_port(host)
+    argv = [sys.executable, "-m", "smg_router", "--host", host, "--port", str(port),
             "--health-check-interval", "0.3", "--load-monitor-interval", "0.2", *(args or [])]
     if workers:
         argv += ["--worker-urls", *workers]
     if admin_key:
         argv += ["--admin-api-key", admin_key]
-    router = Router(name=f"router-{port}", args=argv, log_path=tmp / f"router-{port}.log", env=env or {},
-                    port=port, admin_key=admin_key)
+    router = Router(name=f"router-{host}-{port}", args=argv, log_path=tmp / f"router-{host}-{port}.log",
+                    env=env or {}, host=host, port=port, admin_key=admin_key)
     router.start()
     try:
         wait_until(lambda: http_json("GET", router.url + "/liveness", timeout=1)[0] == 200 or not router.alive(),
