@@ -126,7 +126,7 @@ async def _reconcile_once(rt: Runtime, *, namespace: str, name: str, uid: str, b
 
 
 def _without_sync_times(status: Mapping[str, Any]) -> Any:
-    s = dict(status)
+    s = {k: v for k, v in status.items() if v is not None}  # a null field is an absent one
     s["routers"] = [{k: v for k, v in r.items() if k != "lastSync"} for r in s.get("routers") or []]
     s["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []]
     return s

@@ -89,10 +89,12 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
         "readyEndpoints": len(workers),
         "registeredEndpoints": len(everywhere),
         "conditions": [ready, resolved, registered],
-        "endpoints": [{"url": w.url, "pod": w.pod or "", "registered": w.url in everywhere} for w in workers],
+        "endpoints": [{"url": w.url, **({"pod": w.pod} if w.pod else {}), "registered": w.url in everywhere}
+                      for w in workers],
         "routers": [{"pod": r.pod, "url": r.url, "reachable": r.reachable, "registered": len(r.registered & urls),
                      "lastSync": now} for r in replicas],
-        "lastError": "; ".join(errors),
+        # None, not "": in a merge patch null removes the field, and the API server reads "" as null too
+        "lastError": "; ".join(errors) or None,
     }
     return status, _events(prev_conditions.get("Registered"), registered)
 

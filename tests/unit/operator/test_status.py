@@ -39,7 +39,7 @@ def test_unreachable_router_is_reported_once_then_recovered() -> None:
                                                              ReplicaResult("r2", "u2", True, URLS)])
     fixed, events = build_status(good, generation=1, now="T3", previous=again)
     assert [(e.type, e.reason) for e in events] == [("Normal", "Recovered")]
-    assert fixed["conditions"][2]["lastTransitionTime"] == "T3" and fixed["lastError"] == ""
+    assert fixed["conditions"][2]["lastTransitionTime"] == "T3" and fixed["lastError"] is None
 
 
 def test_no_pods_and_no_router() -> None:
