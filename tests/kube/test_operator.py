@@ -3,129 +3,35 @@ router Service's pods, and smg-sim workers as pods on their own loopback address
 
 from __future__ import annotations
 
-import json
-import socket
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from support.kube import ControlPlane
+from support.operator_env import KEY, Env, new_env, pool
 from support.operator_proc import OperatorProcess
-from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, start_sim, wait_until
+from support.procs import MODEL, free_port, http_json, next_host, start_sim, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "op-test-key"
 INTERVAL = 2.0
-
-
-def _port_free_on(hosts: list[str]) -> int:
-    """One port free on every host (router replicas share the Service's port, each on its own pod IP)."""
-    while True:
-        port = free_port(hosts[0])
-        if all(_bindable(h, port) for h in hosts[1:]):
-            return port
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-@dataclass
-class Env:
-    cp: ControlPlane
-    ns: str
-    logs: Path
-    router_port: int
-    worker_port: int
-    routers: dict[str, Router] = field(default_factory=dict)
-    router_hosts: dict[str, str] = field(default_factory=dict)
-    sims: dict[str, Sim] = field(default_factory=dict)
-
-    def start_router(self, pod: str, *, args: list[str] | None = None) -> Router:
-        host = self.router_hosts.setdefault(pod, next_host())
-        self.routers[pod] = start_router(self.logs, host=host, port=self.router_port, admin_key=KEY, args=args)
-        return self.routers[pod]
-
-    def add_router_pod(self, pod: str, app: str = "smg-router", args: list[str] | None = None) -> Router:
-        router = self.start_router(pod, args=args)
-        self.cp.make_ready_pod(self.ns, pod, {"app": app}, router.host)
-        return router
-
-    def add_worker_pod(self, pod: str, labels: dict[str, str], *, extra: list[str] | None = None,
-                       annotations: dict[str, str] | None = None, host: str | None = None) -> Sim:
-        sim = _start_sim_at(self.logs, host or next_host(), self.worker_port, extra or [])
-        self.sims[pod] = sim
-        self.cp.make_ready_pod(self.ns, pod, labels, sim.host, annotations=annotations, finalizers=["smg.test/hold"])
-        return sim
-
-    def urls(self, pod: str) -> set[str]:
-        return {w["url"] for w in self.routers[pod].workers()}
-
-    def smgw(self, name: str) -> dict | None:
-        status, body = self.cp.request("GET", f"/apis/smg.dev/v1alpha1/namespaces/{self.ns}/smgworkers/{name}")
-        return body if status == 200 else None
-
-    def condition(self, name: str, ctype: str) -> dict:
-        obj = self.smgw(name) or {}
-        return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
-
-    def event_reasons(self, name: str) -> list[str]:
-        events = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/events")["items"]
-        return [e["reason"] for e in events if e["involvedObject"].get("name") == name]
-
-
-def _start_sim_at(logs: Path, host: str, port: int, extra: list[str]) -> Sim:
-    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL,
-            "--time-scale", "0.05", *extra]
-    sim = Sim(name=f"sim-{host}", args=args, log_path=logs / f"sim-{host}-{port}.log", host=host, port=port)
-    sim.start()
-    wait_until(lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200,
-               what=f"smg-sim {sim.url}")
-    assert sim.alive(), sim.log()
-    return sim
 
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     cp = control_plane
     logs = tmp_path_factory.mktemp("operator-real")
-    ns = f"op-{uuid.uuid4().hex[:6]}"
-    cp.apply_yaml(ROOT / "crds/smgworker.yaml")
-    cp.wait_crd_established("smgworkers.smg.dev")
-    cp.create_namespace(ns)
-    hosts = [next_host() for _ in range(2)]
-    e = Env(cp=cp, ns=ns, logs=logs, router_port=_port_free_on(hosts), worker_port=free_port())
-    e.router_hosts = {"router-0": hosts[0], "router-1": hosts[1]}
-    cp.api("POST", f"/api/v1/namespaces/{ns}/services", {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "smg-router"},
-        "spec": {"selector": {"app": "smg-router"}, "ports": [{"port": e.router_port}]}})
+    e = new_env(cp, logs, f"op-{uuid.uuid4().hex[:6]}")
+    e.add_service("smg-router", "smg-router")
     e.add_router_pod("router-0")
     e.add_router_pod("router-1")
     op = OperatorProcess(logs, cp.kubeconfig, admin_key=KEY,
-                         args=["--namespace", ns, "--reconcile-interval", str(INTERVAL), "--router-port",
+                         args=["--namespace", e.ns, "--reconcile-interval", str(INTERVAL), "--router-port",
                                str(e.router_port)]).start()
-    e.operator = op  # type: ignore[attr-defined]
+    e.operator = op
     yield e
     op.stop()
     for proc in [*e.routers.values(), *e.sims.values()]:
         proc.stop()
-
-
-def _pool(name: str, labels: dict[str, str], *, port: int, router_port: int, role: str = "regular",
-          service: str = "smg-router", **extra: object) -> str:
-    spec = {"role": role, "model": MODEL, "selector": {"matchLabels": labels}, "port": port,
-            "router": {"service": service, "port": router_port}, **extra}
-    return json.dumps({"apiVersion": "smg.dev/v1alpha1", "kind": "SMGWorker", "metadata": {"name": name},
-                       "spec": spec})
 
 
 def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(env: Env) -> None:
@@ -135,7 +41,7 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     manual = start_sim(e.logs)
     e.sims["manual"] = manual
     assert e.routers["router-0"].admin("POST", "/workers", {"url": manual.url, "model_id": MODEL})[0] == 201
-    e.cp.apply_yaml(_pool("llama", {"app": "llama"}, port=e.worker_port, router_port=e.router_port), e.ns)
+    e.cp.apply_yaml(pool("llama", {"app": "llama"}, port=e.worker_port, router_port=e.router_port), e.ns)
 
     # both workers on both replicas within 5 s; status Ready with 2/2
     t0 = time.monotonic()
@@ -176,7 +82,7 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     e.routers["router-1"].stop()
     e.start_router("router-1")
     assert e.urls("router-1") == set()
-    wait_until(lambda: {a.url, b.url} <= e.urls("router-1"), timeout=INTERVAL + 3,
+    wait_until(lambda: {a.url, b.url} <= e.urls("router-1"), timeout=INTERVAL + 1,
                what="the restarted replica to get every worker back")
 
     # a stopped replica: status and an Event say RouterUnreachable; started again: recovered
@@ -191,7 +97,7 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     assert {a.url, b.url} <= e.urls("router-0")
 
     # the operator's own metrics
-    metrics = e.operator.metrics()  # type: ignore[attr-defined]
+    metrics = e.operator.metrics()
     assert f'smg_operator_registered_workers{{smgworker="{e.ns}/llama"}} 2.0' in metrics, metrics
     assert 'smg_operator_hook_calls_total{hook="register",result="ok"}' in metrics
 
@@ -207,9 +113,7 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
 
 def test_pd_pools_drive_a_pd_router_with_the_bootstrap_port_from_the_annotation(env: Env) -> None:
     e = env
-    e.cp.api("POST", f"/api/v1/namespaces/{e.ns}/services", {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "smg-pd"},
-        "spec": {"selector": {"app": "smg-pd"}, "ports": [{"port": e.router_port}]}})
+    e.add_service("smg-pd", "smg-pd")
     pd_router = e.add_router_pod("pd-router-0", app="smg-pd", args=["--pd-disaggregation"])
     host = next_host()
     bport = free_port(host)
@@ -219,9 +123,9 @@ def test_pd_pools_drive_a_pd_router_with_the_bootstrap_port_from_the_annotation(
     e.add_worker_pod("decode-0", {"app": "ds", "role": "decode"}, extra=["--role", "decode"])
     ports = {"port": e.worker_port, "router_port": e.router_port, "service": "smg-pd"}
     # spec.bootstrapPort is wrong on purpose: the pod annotation must win
-    e.cp.apply_yaml(_pool("ds-prefill", {"app": "ds", "role": "prefill"}, role="prefill", bootstrapPort=1, **ports),
+    e.cp.apply_yaml(pool("ds-prefill", {"app": "ds", "role": "prefill"}, role="prefill", bootstrapPort=1, **ports),
                     e.ns)
-    e.cp.apply_yaml(_pool("ds-decode", {"app": "ds", "role": "decode"}, role="decode", **ports), e.ns)
+    e.cp.apply_yaml(pool("ds-decode", {"app": "ds", "role": "decode"}, role="decode", **ports), e.ns)
     wait_until(lambda: http_json("GET", pd_router.url + "/readiness")[0] == 200, timeout=10,
                what="the PD router to have a prefill and a decode worker")
     prefill = next(w for w in pd_router.workers() if w["role"] == "prefill")

@@ -1,0 +1,121 @@
+"""A namespace on the real API server with router replicas and worker pods backed by real processes.
+
+Router replicas are Pod objects selected by a Service, each backed by a real ``smg-router`` on its own loopback
+address and the Service's port; workers are Pod objects backed by ``smg-sim`` processes on their own addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from support.kube import ControlPlane
+from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, wait_until
+
+KEY = "op-test-key"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def new_env(cp: ControlPlane, logs: Path, ns: str, *, replicas: int = 2) -> Env:
+    """A namespace (created if missing) with the CRD installed and ports chosen for ``replicas`` router pods."""
+    cp.apply_yaml(ROOT / "crds/smgworker.yaml")
+    cp.wait_crd_established("smgworkers.smg.dev")
+    if cp.request("GET", f"/api/v1/namespaces/{ns}")[0] == 404:
+        cp.create_namespace(ns)
+    hosts = [next_host() for _ in range(replicas)]
+    e = Env(cp=cp, ns=ns, logs=logs, router_port=port_free_on(hosts), worker_port=free_port())
+    e.router_hosts = {f"router-{i}": h for i, h in enumerate(hosts)}
+    return e
+
+
+def port_free_on(hosts: list[str]) -> int:
+    """One port free on every host (router replicas share the Service's port, each on its own pod IP)."""
+    while True:
+        port = free_port(hosts[0])
+        if all(_bindable(h, port) for h in hosts[1:]):
+            return port
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Env:
+    """One test namespace and the processes behind its pods."""
+
+    cp: ControlPlane
+    ns: str
+    logs: Path
+    router_port: int
+    worker_port: int
+    routers: dict[str, Router] = field(default_factory=dict)
+    router_hosts: dict[str, str] = field(default_factory=dict)
+    sims: dict[str, Sim] = field(default_factory=dict)
+    operator: Any = None
+    """The OperatorProcess serving this namespace, once started."""
+
+    def start_router(self, pod: str, *, args: list[str] | None = None) -> Router:
+        host = self.router_hosts.setdefault(pod, next_host())
+        self.routers[pod] = start_router(self.logs, host=host, port=self.router_port, admin_key=KEY, args=args)
+        return self.routers[pod]
+
+    def add_service(self, name: str, app: str) -> None:
+        self.cp.api("POST", f"/api/v1/namespaces/{self.ns}/services", {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": app}, "ports": [{"port": self.router_port}]}})
+
+    def add_router_pod(self, pod: str, app: str = "smg-router", args: list[str] | None = None) -> Router:
+        router = self.start_router(pod, args=args)
+        self.cp.make_ready_pod(self.ns, pod, {"app": app}, router.host)
+        return router
+
+    def add_worker_pod(self, pod: str, labels: dict[str, str], *, extra: list[str] | None = None,
+                       annotations: dict[str, str] | None = None, host: str | None = None) -> Sim:
+        sim = _start_sim_at(self.logs, host or next_host(), self.worker_port, extra or [])
+        self.sims[pod] = sim
+        self.cp.make_ready_pod(self.ns, pod, labels, sim.host, annotations=annotations, finalizers=["smg.test/hold"])
+        return sim
+
+    def urls(self, pod: str) -> set[str]:
+        return {w["url"] for w in self.routers[pod].workers()}
+
+    def smgw(self, name: str) -> dict | None:
+        status, body = self.cp.request("GET", f"/apis/smg.dev/v1alpha1/namespaces/{self.ns}/smgworkers/{name}")
+        return body if status == 200 else None
+
+    def condition(self, name: str, ctype: str) -> dict:
+        obj = self.smgw(name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
+
+    def event_reasons(self, name: str) -> list[str]:
+        events = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/events")["items"]
+        return [e["reason"] for e in events if e["involvedObject"].get("name") == name]
+
+
+def _start_sim_at(logs: Path, host: str, port: int, extra: list[str]) -> Sim:
+    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL,
+            "--time-scale", "0.05", *extra]
+    sim = Sim(name=f"sim-{host}", args=args, log_path=logs / f"sim-{host}-{port}.log", host=host, port=port)
+    sim.start()
+    wait_until(lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200,
+               what=f"smg-sim {sim.url}")
+    assert sim.alive(), sim.log()
+    return sim
+
+
+def pool(name: str, labels: dict[str, str], *, port: int, router_port: int, role: str = "regular",
+          service: str = "smg-router", **extra: object) -> str:
+    spec = {"role": role, "model": MODEL, "selector": {"matchLabels": labels}, "port": port,
+            "router": {"service": service, "port": router_port}, **extra}
+    return json.dumps({"apiVersion": "smg.dev/v1alpha1", "kind": "SMGWorker", "metadata": {"name": name},
+                       "spec": spec})
