@@ -51,11 +51,15 @@ async def run(settings: OperatorSettings) -> None:
     ready, stop = asyncio.Event(), asyncio.Event()
     runner = await _metrics_server(settings, metrics, ready)
     keeper: asyncio.Task[None] | None = None
+    lease: k8s.LeaderLease | None = None
     async with aiohttp.ClientSession() as session:
         try:
             if settings.leader_election:
                 assert settings.leader_election_namespace
-                lease = k8s.LeaderLease(namespace=settings.leader_election_namespace)
+                lease = k8s.LeaderLease(namespace=settings.leader_election_namespace,
+                                        duration=settings.lease_duration)
+                log.info("leader election: %s waiting for lease %s/smg-operator", lease.identity,
+                         settings.leader_election_namespace)
                 await lease.acquire()
                 keeper = asyncio.create_task(lease.keep(lost=stop), name="smg-operator-lease")
             rt = Runtime(settings=settings, metrics=metrics,
@@ -72,6 +76,8 @@ async def run(settings: OperatorSettings) -> None:
         finally:
             if keeper is not None:
                 keeper.cancel()
+            if lease is not None and not stop.is_set():
+                await asyncio.to_thread(lease.release)
             if runner is not None:
                 await runner.cleanup()
 

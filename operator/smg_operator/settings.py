@@ -26,6 +26,8 @@ class OperatorSettings:
     """The router's admin token (SMG_ADMIN_API_KEY, the variable the router reads)."""
     leader_election: bool = False
     leader_election_namespace: str | None = None
+    lease_duration: int = 15
+    """Seconds a leader's Lease stays valid without renewal (renewed every third of it)."""
     router_timeout: float = 5.0
     log_level: str = "info"
 
@@ -50,6 +52,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     p.add_argument("--leader-election", action="store_true",
                    default=str(_env("leader-election", "")).lower() in ("1", "true", "yes"))
     p.add_argument("--leader-election-namespace", default=_env("leader-election-namespace", None))
+    p.add_argument("--leader-election-lease-duration", type=int,
+                   default=int(_env("leader-election-lease-duration", 15)), help="seconds (default 15)")
     p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", 5.0)))
     p.add_argument("--log-level", default=_env("log-level", "info"))
     a = p.parse_args(argv)
@@ -65,5 +69,5 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
         leader_election=a.leader_election,
         leader_election_namespace=a.leader_election_namespace or os.environ.get("POD_NAMESPACE")
         or (namespaces[0] if namespaces else None),
-        router_timeout=a.router_timeout, log_level=a.log_level,
+        lease_duration=a.leader_election_lease_duration, router_timeout=a.router_timeout, log_level=a.log_level,
     )

@@ -134,3 +134,36 @@ def test_pd_pools_drive_a_pd_router_with_the_bootstrap_port_from_the_annotation(
                              {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert status == 200, body
     assert body["choices"][0]["message"]["content"]
+
+
+def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_path_factory) -> None:
+    cp = control_plane
+    e = new_env(cp, tmp_path_factory.mktemp("leader"), f"le-{uuid.uuid4().hex[:6]}", replicas=1)
+    e.add_service("smg-router", "smg-router")
+    e.add_router_pod("router-0")
+    args = ["--namespace", e.ns, "--reconcile-interval", "2", "--leader-election", "--leader-election-namespace",
+            e.ns, "--leader-election-lease-duration", "4"]
+    first = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args).start()  # healthz 200: it leads
+    second = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args, name="smg-operator-standby")
+    second.proc.start()  # not .start(): it must not become ready while the first one leads
+    try:
+        lease = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{e.ns}/leases/smg-operator")
+        assert lease["spec"]["holderIdentity"].endswith(f"-{first.proc.popen.pid}")
+        time.sleep(3)
+        assert http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 503  # standing by
+        sim = e.add_worker_pod("w-0", {"app": "w"})
+        cp.apply_yaml(pool("pool", {"app": "w"}, port=e.worker_port, router_port=e.router_port), e.ns)
+        wait_until(lambda: sim.url in e.urls("router-0"), timeout=10, what="the leader to register the pool")
+        first.stop()  # a clean exit releases the lease: the standby takes over
+        wait_until(lambda: http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 200, timeout=15,
+                   what="the standby to take the lease")
+        lease = cp.api("GET", f"/apis/coordination.k8s.io/v1/namespaces/{e.ns}/leases/smg-operator")
+        assert lease["spec"]["holderIdentity"].endswith(f"-{second.proc.popen.pid}")
+        e.routers["router-0"].stop()
+        e.start_router("router-0")  # empty registry: only a working new leader fills it again
+        wait_until(lambda: sim.url in e.urls("router-0"), timeout=10, what="the new leader to reconcile")
+    finally:
+        first.stop()
+        second.stop()
+        for proc in [*e.routers.values(), *e.sims.values()]:
+            proc.stop()

@@ -9,14 +9,15 @@ from support.procs import Proc, free_port, http_json, wait_until
 
 
 class OperatorProcess:
-    def __init__(self, tmp: Path, kubeconfig: Path, *, admin_key: str, args: list[str] | None = None) -> None:
+    def __init__(self, tmp: Path, kubeconfig: Path, *, admin_key: str, args: list[str] | None = None,
+                 name: str = "smg-operator") -> None:
         self.metrics_port = free_port()
         env = {"KUBECONFIG": str(kubeconfig), "SMG_ADMIN_API_KEY": admin_key,
                # never in-cluster: a stray service host would send the operator somewhere off this machine
                "KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": ""}
         argv = [sys.executable, "-m", "smg_operator", "--metrics-host", "127.0.0.1",
                 "--metrics-port", str(self.metrics_port), *(args or [])]
-        self.proc = Proc(name="smg-operator", args=argv, log_path=tmp / "smg-operator.log", env=env)
+        self.proc = Proc(name=name, args=argv, log_path=tmp / f"{name}.log", env=env)
 
     @property
     def metrics_url(self) -> str:
