@@ -1,6 +1,6 @@
 """Benchmark: what the router adds per request, side by side with a direct connection and the Rust `smg`.
 
-Usage:  python bench/bench_proxy.py [--requests 3000] [--concurrency 1 32] [--rust]
+Usage:  python bench/bench_proxy.py [--requests 3000] [--concurrency 1 32] [--rust [--rust-bin PATH]]
 
 Starts two smg-sim workers (time scale 0: no simulated GPU time, so the proxy cost dominates), then for
 each target (direct to a worker, smg-router, and with --rust the Rust gateway `smg` from PyPI if
@@ -106,6 +106,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--rust", action="store_true", help="also measure the Rust `smg` gateway (pip install smg)")
+    p.add_argument("--rust-bin", default=shutil.which("smg"), help="path of the `smg` command (default: on PATH)")
     args = p.parse_args()
     os.sched_setaffinity(0, {0})  # the load generator on core 0
     procs: list[subprocess.Popen[bytes]] = []
@@ -127,7 +128,7 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{port}/readiness")
         results += measure("smg-router (python)", f"http://127.0.0.1:{port}", router.pid, args)
 
-        rust = shutil.which("smg")
+        rust = args.rust_bin
         if args.rust and rust:
             rport = free_port("127.0.0.1")
             rproc = spawn([rust, "launch", "--host", "127.0.0.1", "--port", str(rport), "--worker-urls", *sims,
