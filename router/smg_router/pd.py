@@ -97,13 +97,14 @@ class PDDispatcher:
                 outcome = "decode_failed" if e.code == "decode_failed" else "prefill_failed"
             raise
         finally:
+            # A leg still running now is cut off: after a failure so nothing hangs, and after a success the prefill
+            # answer (never shown to the client) is moot, since the decode answer proves the KV arrived.
             for leg in (prefill_leg, decode_leg):
                 if not leg.done():
                     leg.cancel()
             if outcome != "success" and decode_leg.done() and not decode_leg.cancelled() \
                     and decode_leg.exception() is None:
                 decode_leg.result().abort()
-            # the prefill answer is never shown to the client; let it finish (or die) before we count it done
             await asyncio.gather(prefill_leg, decode_leg, return_exceptions=True)
             p.track(prefill, -1)
             p.track(decode, -1)
