@@ -214,6 +214,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             port = int(entry[1])
         prefill.append((entry[0], port))
     decode = [url for entry in a.decode for url in entry]
+    from smg_router.workers.worker import SpecError, normalize_url  # late: keep settings import-light
+
+    for url in [*_split(" ".join(a.worker_urls)), *(u for u, _ in prefill), *decode]:
+        try:
+            normalize_url(url)
+        except SpecError as e:
+            parser.error(f"worker URL {e}")
     if (prefill or decode) and not a.pd_disaggregation:
         parser.error("--prefill and --decode need --pd-disaggregation")
     if a.pd_disaggregation and a.worker_urls:

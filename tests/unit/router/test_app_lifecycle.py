@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp import web
 from smg_router.app import build_app
 from smg_router.settings import parse_settings
@@ -38,3 +39,13 @@ def test_environment_sets_every_flag(monkeypatch) -> None:
     assert s.worker_urls == ("http://127.0.0.2:8000", "http://127.0.0.3:8000")
     # the command line wins over the environment
     assert parse_settings(["--cache-threshold", "0.1"]).policy.cache_threshold == 0.1
+
+
+def test_bad_worker_urls_on_the_command_line_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--worker-urls", "localhost:8000"], ["--pd-disaggregation", "--decode", "ftp://x"],
+                 ["--pd-disaggregation", "--prefill", "http://127.0.0.2:8000", "port"]):
+        with pytest.raises(SystemExit) as exc:
+            parse_settings(argv)
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "localhost:8000" in err and "ftp://x" in err and "bootstrap port 'port'" in err
