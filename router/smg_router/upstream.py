@@ -1,8 +1,9 @@
 """The upstream transport behind a small interface of our own.
 
 The proxy only needs "POST these bytes to that URL, give me status, headers and a body I can read
-whole or chunk by chunk, and let me abort it".  Today aiohttp's ``ClientSession`` does it; a lean pooled
-client can replace this module without touching the policies, retries or streaming (DESIGN 2.9).
+whole or chunk by chunk, and let me abort it".  Plain-http workers (the usual case inside a cluster) go
+through the lean pooled client of ``lean_upstream`` (a fraction of ``ClientSession``'s cost per request,
+DESIGN 2.9); https workers go through aiohttp's ``ClientSession``, which brings TLS.
 """
 
 from __future__ import annotations
@@ -57,17 +58,24 @@ class Upstream:
     def __init__(self, *, connect_timeout: float, total_timeout: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=total_timeout, sock_connect=connect_timeout)
         self._session: aiohttp.ClientSession | None = None
+        from smg_router.lean_upstream import LeanUpstream  # late: lean_upstream imports this module's errors
+
+        self._lean = LeanUpstream(connect_timeout=connect_timeout, total_timeout=total_timeout)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
                                               auto_decompress=False, skip_auto_headers=("User-Agent",))
+        await self._lean.start()
 
     async def close(self) -> None:
+        await self._lean.close()
         if self._session is not None:
             await self._session.close()
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+        if url.startswith("http://"):
+            return await self._lean.post(url, body, headers)
         assert self._session is not None, "Upstream.start() was not awaited"
         try:
             resp = await self._session.post(url, data=body, headers=headers)

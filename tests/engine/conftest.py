@@ -1,0 +1,50 @@
+"""Real-engine tier: two llama.cpp servers (xllamacpp, a generated tiny model) behind a real smg-router.
+
+Each test gets a fresh fleet (a server starts in ~0.2 s), so no test sees another's KV cache, router
+tree or processed counts.  Every process is stopped at teardown, whatever the test did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.llamacpp import MODEL_ID, LlamaServer, start_llama_server, tiny_model
+from support.procs import Router, start_router
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf() -> Path:
+    """The generated tiny model (cached across sessions under ~/.cache/smg/models)."""
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engine-logs")
+
+
+@pytest.fixture
+def engines(logs: Path, tiny_gguf: Path) -> Iterator[list[LlamaServer]]:
+    """Two llama.cpp servers on their own loopback addresses, 2 slots of 4096 tokens each, 1 thread each."""
+    servers: list[LlamaServer] = []
+    try:
+        for _ in range(2):
+            servers.append(start_llama_server(logs, tiny_gguf, slots=2, ctx=8192, threads=1))
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture
+def router(logs: Path, engines: list[LlamaServer]) -> Iterator[Router]:
+    """smg-router (cache_aware, load polled every 0.2 s) over both engines; the model is discovered."""
+    r = start_router(logs, workers=[e.url for e in engines], args=["--policy", "cache_aware"])
+    try:
+        r.wait_routable(len(engines), timeout=30)
+        assert {w["model_id"] for w in r.workers()} == {MODEL_ID}
+        yield r
+    finally:
+        r.stop()

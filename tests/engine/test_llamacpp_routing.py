@@ -1,0 +1,162 @@
+"""The router against real engines: its tree hits are real KV-cache hits, and it reads llama.cpp's real load.
+
+Two llama.cpp servers (2 slots each, no host-RAM prompt cache: a server holds exactly the prompts in
+its slots) serve a tiny generated model whose tokenizer makes one ASCII character one token, so a
+1500-character prefix is 1500 cached tokens.  The engine's own answer proves the hit:
+``usage.prompt_tokens_details.cached_tokens`` and ``timings.cache_n`` (tokens reused from the slot) and
+``timings.prompt_n`` (tokens it had to compute).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from support.llamacpp import MODEL_ID, LlamaServer
+from support.procs import Router, http_json, metric_value, wait_until
+
+PREFIX_CHARS = 1500
+TIMEOUT = 120.0  # one request on a loaded 2-core machine; normally well under a second
+
+
+def random_text(n: int, rng: random.Random) -> str:
+    """``n`` random ASCII characters (``n`` tokens for the tiny model); two such texts share no prefix."""
+    return "".join(rng.choices(string.ascii_letters + string.digits + " ,.", k=n))
+
+
+@dataclass
+class Completion:
+    worker_id: str | None
+    body: dict[str, Any]
+    seconds: float
+
+    @property
+    def cached(self) -> int:
+        return self.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    @property
+    def computed(self) -> int:
+        """Prompt tokens the engine had to compute (not taken from its KV cache)."""
+        return self.body["timings"]["prompt_n"]
+
+
+def complete(base_url: str, prompt: str, *, max_tokens: int = 2, **extra: Any) -> Completion:
+    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+        assert resp.status == 200
+        answer = json.loads(resp.read())
+        worker_id = resp.headers.get("x-smg-worker-id")
+    return Completion(worker_id, answer, time.monotonic() - started)
+
+
+def engine_metrics(engine: LlamaServer) -> str:
+    with urllib.request.urlopen(engine.url + "/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def worker_of(router: Router, engine: LlamaServer) -> dict[str, Any]:
+    return next(w for w in router.workers() if w["url"] == engine.url)
+
+
+def test_engines_are_real_llamacpp_with_a_char_tokenizer(engines: list[LlamaServer]) -> None:
+    status, body = http_json("POST", engines[0].url + "/tokenize", {"content": "Hello, SMG!"})
+    assert status == 200
+    assert body["tokens"] == [ord(c) for c in "Hello, SMG!"]
+    status, models = http_json("GET", engines[0].url + "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == [MODEL_ID]
+    assert "llamacpp:requests_processing" in engine_metrics(engines[0])
+    assert http_json("GET", engines[0].url + "/v1/loads")[0] != 200  # so the router must read /metrics
+
+
+def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Router,
+                                                                    engines: list[LlamaServer]) -> None:
+    rng = random.Random("shared-prefix")
+    prefix = random_text(PREFIX_CHARS, rng)
+    hits_before = metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL_ID)
+
+    answers = [complete(router.url, f"{prefix} Question {i}: and then?") for i in range(4)]
+
+    assert len({a.worker_id for a in answers}) == 1, [a.worker_id for a in answers]
+    holder_id = answers[0].worker_id
+    holder = next(e for e in engines if worker_of(router, e)["id"] == holder_id)
+    other = next(e for e in engines if e is not holder)
+    cold, *warm = answers
+    assert cold.cached == 0 and cold.computed >= PREFIX_CHARS  # a fresh engine computes the whole prompt
+    for a in warm:  # the router's tree hit is the engine's KV-cache hit
+        assert a.cached >= PREFIX_CHARS, a.body["usage"]
+        assert a.body["timings"]["cache_n"] >= PREFIX_CHARS
+        assert a.computed < 30, a.body["timings"]
+    warm_text = ", ".join(f"{a.seconds:.3f} s ({a.body['timings']['prompt_ms']:.1f} ms)" for a in warm)
+    print(f"\ncold prompt: {cold.seconds:.3f} s ({cold.body['timings']['prompt_ms']:.1f} ms in the engine); "
+          f"warm: {warm_text}")
+
+    assert metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL_ID) - hits_before >= 3
+    assert metric_value(engine_metrics(holder), "llamacpp:prompt_tokens_cached_total") >= 3 * PREFIX_CHARS
+    assert metric_value(engine_metrics(other), "llamacpp:prompt_tokens_total") == 0  # never saw a prompt
+    assert worker_of(router, holder)["load"]["processed"] == 4
+    assert worker_of(router, other)["load"]["processed"] == 0
+
+
+def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cache(
+        router: Router, engines: list[LlamaServer]) -> None:
+    rng = random.Random("distinct-prefixes")
+    prefixes = [random_text(PREFIX_CHARS, rng) for _ in range(4)]
+    text = router.metrics()
+    misses_before = metric_value(text, "smg_cache_tree_misses_total", model=MODEL_ID)
+    hits_before = metric_value(text, "smg_cache_tree_hits_total", model=MODEL_ID)
+
+    first = [complete(router.url, p + " first") for p in prefixes]
+
+    placement = Counter(a.worker_id for a in first)
+    assert sorted(placement.values()) == [2, 2], placement  # 2 prefixes per engine: exactly its 2 slots
+    assert {w["id"] for w in router.workers()} == set(placement)
+    assert all(a.cached == 0 for a in first), [a.cached for a in first]
+    assert metric_value(router.metrics(), "smg_cache_tree_misses_total", model=MODEL_ID) - misses_before == 4
+
+    second = [complete(router.url, p + " second") for p in prefixes]
+
+    assert [a.worker_id for a in second] == [a.worker_id for a in first]
+    for a in second:  # each engine still holds both of its prefixes in its slots
+        assert a.cached >= PREFIX_CHARS, a.body["usage"]
+        assert a.computed < 30, a.body["timings"]
+    assert metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL_ID) - hits_before == 4
+    for e in engines:
+        assert metric_value(engine_metrics(e), "llamacpp:prompt_tokens_cached_total") >= 2 * PREFIX_CHARS
+
+
+def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(router: Router,
+                                                                      engines: list[LlamaServer]) -> None:
+    busy, idle = engines
+    # A long streamed generation sent straight to one engine (so the router's own in-flight count stays 0),
+    # kept running until the router has seen it, then cancelled by closing the stream.
+    body = {"model": MODEL_ID, "prompt": random_text(500, random.Random("long-request")), "max_tokens": 3000,
+            "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(busy.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+
+    def busy_seen() -> dict[str, Any] | None:
+        gauge = metric_value(router.metrics(), "smg_worker_backend_load", worker=busy.url)
+        w = worker_of(router, busy)
+        return w if gauge >= 1 and (w["load"]["backend"] or 0) >= 1 else None
+
+    with urllib.request.urlopen(req, timeout=TIMEOUT) as stream:
+        assert stream.readline().startswith(b"data: ")  # the engine is generating
+        assert metric_value(engine_metrics(busy), "llamacpp:requests_processing") == 1
+        seen = wait_until(busy_seen, timeout=30, interval=0.05, what="the router to read the busy engine's /metrics")
+        assert seen["load"]["inflight"] == 0  # the number came from llama.cpp, not from the router
+        assert worker_of(router, idle)["load"]["backend"] == 0
+        assert stream.readline().startswith(b"data: ")  # still generating: the router saw a live request
+
+    # llama.cpp cancels a stream whose client went away; the router sees the engine idle again
+    wait_until(lambda: worker_of(router, busy)["load"]["backend"] == 0, timeout=30,
+               what="the busy engine's load back to 0 after the stream closed")
+    assert metric_value(engine_metrics(busy), "llamacpp:tokens_predicted_total") < 3000
