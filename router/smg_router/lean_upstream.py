@@ -45,6 +45,7 @@ class _Conn(asyncio.Protocol):
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.complete = False
+        self.keep_alive = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
@@ -94,6 +95,7 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self._parser.should_keep_alive()  # only meaningful inside the parser's callbacks
         self.complete = True
         self._wake()
 
@@ -117,7 +119,7 @@ class _Conn(asyncio.Protocol):
         return chunk
 
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self.error is None and self._parser.should_keep_alive()
+        return self.complete and self.keep_alive and not self.closed and self.error is None
 
     def recycle(self) -> None:
         """Ready for the next request on the same connection."""

@@ -63,6 +63,13 @@ def engine_metrics(engine: LlamaServer) -> str:
         return resp.read().decode()
 
 
+def next_event(stream: Any) -> bytes:
+    """The next non-empty line of a server-sent event stream."""
+    while not (line := stream.readline().strip()):
+        pass
+    return line
+
+
 def worker_of(router: Router, engine: LlamaServer) -> dict[str, Any]:
     return next(w for w in router.workers() if w["url"] == engine.url)
 
@@ -149,12 +156,12 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(router: R
         return w if gauge >= 1 and (w["load"]["backend"] or 0) >= 1 else None
 
     with urllib.request.urlopen(req, timeout=TIMEOUT) as stream:
-        assert stream.readline().startswith(b"data: ")  # the engine is generating
+        assert next_event(stream).startswith(b"data: ")  # the engine is generating
         assert metric_value(engine_metrics(busy), "llamacpp:requests_processing") == 1
         seen = wait_until(busy_seen, timeout=30, interval=0.05, what="the router to read the busy engine's /metrics")
         assert seen["load"]["inflight"] == 0  # the number came from llama.cpp, not from the router
         assert worker_of(router, idle)["load"]["backend"] == 0
-        assert stream.readline().startswith(b"data: ")  # still generating: the router saw a live request
+        assert next_event(stream).startswith(b"data: ")  # still generating: the router saw a live request
 
     # llama.cpp cancels a stream whose client went away; the router sees the engine idle again
     wait_until(lambda: worker_of(router, busy)["load"]["backend"] == 0, timeout=30,

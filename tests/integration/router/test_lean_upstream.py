@@ -1,0 +1,142 @@
+"""The lean upstream client against a real aiohttp server on loopback: framing, keep-alive reuse, stale
+connections, streaming with backpressure, aborts, deadlines and connect errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from smg_router.lean_upstream import HIGH_WATER, LeanUpstream
+from smg_router.upstream import UpstreamConnectError
+from support.procs import free_port
+
+
+class Server:
+    def __init__(self) -> None:
+        self.peers: list[tuple[str, int]] = []
+        self.disconnects = 0
+        self.sent = 0
+
+    async def echo(self, request: web.Request) -> web.Response:
+        self.peers.append(request.transport.get_extra_info("peername"))
+        body = await request.read()
+        return web.Response(body=b"echo:" + body, headers={"X-Seen-Auth": request.headers.get("authorization", "")})
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        self.peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i in range(int(request.query.get("n", "5"))):
+                await resp.write(f"data: {i}\n\n".encode() + b"x" * int(request.query.get("pad", "0")))
+                self.sent += 1
+                await asyncio.sleep(float(request.query.get("gap", "0")))
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+        await resp.write_eof()
+        return resp
+
+    async def close_after(self, request: web.Request) -> web.Response:
+        self.peers.append(request.transport.get_extra_info("peername"))
+        return web.Response(body=b"bye", headers={"Connection": "close"})
+
+    async def slow(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(body=b"late")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Server, str]]:
+    s = Server()
+    app = web.Application()
+    app.router.add_post("/echo", s.echo)
+    app.router.add_post("/stream", s.stream)
+    app.router.add_post("/close", s.close_after)
+    app.router.add_post("/slow", s.slow)
+    runner = web.AppRunner(app, handler_cancellation=True, keepalive_timeout=0.3)
+    await runner.setup()
+    port = free_port("127.0.0.5")
+    await web.TCPSite(runner, "127.0.0.5", port).start()
+    yield s, f"http://127.0.0.5:{port}"
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LeanUpstream]:
+    c = LeanUpstream(connect_timeout=2, total_timeout=3)
+    yield c
+    await c.close()
+
+
+async def test_content_length_response_and_keep_alive_reuse(server, client) -> None:
+    srv, url = server
+    first = await client.post(url + "/echo", b"hello", {"Authorization": "Bearer t"})
+    assert first.status == 200 and await first.read() == b"echo:hello"
+    assert first.headers["x-seen-auth"] == "Bearer t"
+    second = await client.post(url + "/echo", b"again", {})
+    assert await second.read() == b"echo:again"
+    assert srv.peers[0] == srv.peers[1]  # the same connection carried both requests
+
+
+async def test_connection_close_is_honoured(server, client) -> None:
+    srv, url = server
+    r = await client.post(url + "/close", b"", {})
+    assert await r.read() == b"bye"
+    r = await client.post(url + "/echo", b"x", {})
+    assert await r.read() == b"echo:x"
+    assert srv.peers[0] != srv.peers[1]
+
+
+async def test_an_idle_connection_the_server_closed_is_replaced_transparently(server, client) -> None:
+    srv, url = server
+    assert await (await client.post(url + "/echo", b"1", {})).read() == b"echo:1"
+    await asyncio.sleep(0.6)  # past the server's keep-alive timeout: it closes the idle connection
+    assert await (await client.post(url + "/echo", b"2", {})).read() == b"echo:2"
+    assert srv.peers[0] != srv.peers[1]
+
+
+async def test_chunked_stream_arrives_in_order(server, client) -> None:
+    _, url = server
+    r = await client.post(url + "/stream?n=20", b"", {})
+    assert r.headers["content-type"] == "text/event-stream" and r.status == 200
+    body = b"".join([c async for c in r.chunks()])
+    assert body == b"".join(f"data: {i}\n\n".encode() for i in range(20))
+
+
+async def test_a_slow_reader_pauses_the_worker(server, client) -> None:
+    srv, url = server
+    r = await client.post(url + "/stream?n=2000&pad=16384", b"", {})  # 32 MB: more than the kernel buffers
+    it = r.chunks().__aiter__()
+    await it.__anext__()
+    await asyncio.sleep(0.5)  # we do not read; the client stops reading from the socket
+    assert srv.sent < 2000, "the server could send everything although nobody read it"
+    rest = [c async for c in it]
+    assert sum(map(len, rest)) > HIGH_WATER and srv.sent == 2000
+
+
+async def test_abort_mid_stream_reaches_the_worker(server, client) -> None:
+    srv, url = server
+    r = await client.post(url + "/stream?n=1000&gap=0.01", b"", {})
+    it = r.chunks().__aiter__()
+    await it.__anext__()
+    r.abort()
+    for _ in range(100):
+        if srv.disconnects:
+            break
+        await asyncio.sleep(0.02)
+    assert srv.disconnects == 1
+
+
+async def test_deadline_and_connect_errors(server, client) -> None:
+    _, url = server
+    with pytest.raises(TimeoutError):
+        await client.post(url + "/slow", b"", {})
+    port = free_port("127.0.0.6")
+    with pytest.raises(UpstreamConnectError):
+        await client.post(f"http://127.0.0.6:{port}/echo", b"", {})
+    with contextlib.suppress(Exception):
+        await client.close()
