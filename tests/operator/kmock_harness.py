@@ -12,14 +12,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import signal
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from support.kmock_emulator import EmulatorServer
-from support.procs import MODEL, Proc, Router, Sim, free_port, http_json, next_host, wait_until
+from support.operator_proc import OperatorProcess
+from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, start_sim, wait_until
 
 NAMESPACE = "smg-test"
 ROUTER_SERVICE = "smg-router"
@@ -138,74 +138,20 @@ class Kube:
         return [e.get("reason") for e in self.events(name)]
 
 
-class Operator:
+def Operator(tmp: Path, kubeconfig: Path) -> OperatorProcess:
     """``python -m smg_operator`` as a subprocess, logged in to the emulator through a kubeconfig."""
-
-    def __init__(self, tmp: Path, kubeconfig: Path) -> None:
-        self.metrics_port = free_port()
-        env = {"KUBECONFIG": str(kubeconfig), "SMG_ADMIN_API_KEY": ADMIN_KEY,
-               # never in-cluster: a stray service host would send the operator somewhere off this machine
-               "KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": ""}
-        args = [sys.executable, "-m", "smg_operator", "--reconcile-interval", str(RECONCILE_INTERVAL),
-                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-                "--router-timeout", str(ROUTER_TIMEOUT), "--log-level", "info"]
-        self.proc = Proc(name="smg-operator", args=args, log_path=tmp / "smg-operator.log", env=env)
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}"
-
-    def start(self, timeout: float = 20.0) -> Operator:
-        self.proc.start()
-        try:
-            wait_until(lambda: not self.proc.alive() or http_json("GET", self.metrics_url + "/healthz",
-                                                                   timeout=1)[0] == 200,
-                       timeout=timeout, interval=0.1, what="smg-operator /healthz")
-        except AssertionError:
-            self.proc.stop()
-            raise
-        assert self.proc.alive(), self.proc.log()
-        return self
-
-    def metrics(self) -> str:
-        status, body = http_json("GET", self.metrics_url + "/metrics", timeout=5)
-        assert status == 200, body
-        return body if isinstance(body, str) else str(body)
-
-    def stop(self) -> None:
-        self.proc.stop()
+    return OperatorProcess(tmp, kubeconfig, admin_key=ADMIN_KEY, args=[
+        "--reconcile-interval", str(RECONCILE_INTERVAL), "--router-timeout", str(ROUTER_TIMEOUT),
+        "--log-level", "info"])
 
 
 def start_router_at(tmp: Path, host: str, port: int) -> Router:
     """An ``smg-router`` on ``host:port`` (a replica's pod IP and the Service's port), admin key required."""
-    args = [sys.executable, "-m", "smg_router", "--host", host, "--port", str(port),
-            "--health-check-interval", "0.3", "--load-monitor-interval", "0.2", "--admin-api-key", ADMIN_KEY]
-    router = Router(name=f"router-{host}", args=args, log_path=tmp / f"router-{host}-{port}.log", host=host,
-                    port=port, admin_key=ADMIN_KEY)
-    router.start()
-    try:
-        wait_until(lambda: not router.alive() or http_json("GET", router.url + "/liveness", timeout=1)[0] == 200,
-                   what=f"smg-router {router.url}")
-    except AssertionError:
-        router.stop()
-        raise
-    assert router.alive(), router.log()
-    return router
+    return start_router(tmp, host=host, port=port, admin_key=ADMIN_KEY)
 
 
 def start_sim_at(tmp: Path, host: str, port: int, extra: Iterable[str] = ()) -> Sim:
-    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL,
-            "--time-scale", "0.05", *extra]
-    sim = Sim(name=f"sim-{host}", args=args, log_path=tmp / f"sim-{host}-{port}.log", host=host, port=port)
-    sim.start()
-    try:
-        wait_until(lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200,
-                   what=f"smg-sim {sim.url}")
-    except AssertionError:
-        sim.stop()
-        raise
-    assert sim.alive(), sim.log()
-    return sim
+    return start_sim(tmp, host=host, port=port, extra=list(extra))
 
 
 class Fleet:

@@ -145,9 +145,9 @@ class Router(Proc):
 
 
 def start_sim(tmp: Path, *, model: str = MODEL, host: str | None = None, extra: list[str] | None = None,
-              time_scale: float = 0.05) -> Sim:
+              time_scale: float = 0.05, port: int | None = None) -> Sim:
     host = host or next_host()
-    port = free_port(host)
+    port = port or free_port(host)
     args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", model,
             "--time-scale", str(time_scale), *(extra or [])]
     sim = Sim(name=f"sim-{host}-{port}", args=args, log_path=tmp / f"sim-{host}-{port}.log", host=host, port=port)
