@@ -64,10 +64,11 @@ def engine_metrics(engine: LlamaServer) -> str:
 
 
 def next_event(stream: Any) -> bytes:
-    """The next non-empty line of a server-sent event stream."""
-    while not (line := stream.readline().strip()):
-        pass
-    return line
+    """The next non-empty line of a server-sent event stream (``b""`` at its end)."""
+    while raw := stream.readline():
+        if line := raw.strip():
+            return line
+    return b""
 
 
 def worker_of(router: Router, engine: LlamaServer) -> dict[str, Any]:
@@ -151,16 +152,18 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(router: R
                                  headers={"Content-Type": "application/json"})
 
     def busy_seen() -> dict[str, Any] | None:
+        """The busy worker's entry once the router has polled both: busy at >= 1, idle at 0."""
         gauge = metric_value(router.metrics(), "smg_worker_backend_load", worker=busy.url)
-        w = worker_of(router, busy)
-        return w if gauge >= 1 and (w["load"]["backend"] or 0) >= 1 else None
+        loads = {w["url"]: w for w in router.workers()}
+        b, i = loads[busy.url]["load"], loads[idle.url]["load"]
+        # the two polls of a round land one after the other: wait for both, not just the busy one
+        return loads[busy.url] if gauge >= 1 and (b["backend"] or 0) >= 1 and i["backend"] == 0 else None
 
     with urllib.request.urlopen(req, timeout=TIMEOUT) as stream:
         assert next_event(stream).startswith(b"data: ")  # the engine is generating
         assert metric_value(engine_metrics(busy), "llamacpp:requests_processing") == 1
-        seen = wait_until(busy_seen, timeout=30, interval=0.05, what="the router to read the busy engine's /metrics")
+        seen = wait_until(busy_seen, timeout=30, interval=0.05, what="the router to read both engines' /metrics")
         assert seen["load"]["inflight"] == 0  # the number came from llama.cpp, not from the router
-        assert worker_of(router, idle)["load"]["backend"] == 0
         assert next_event(stream).startswith(b"data: ")  # still generating: the router saw a live request
 
     # llama.cpp cancels a stream whose client went away; the router sees the engine idle again
