@@ -252,3 +252,16 @@ def pool_spec(pool: str, router_port: int, worker_port: int, **extra: Any) -> di
 def wait_for(predicate: Any, *, timeout: float, what: str, interval: float = 0.05) -> Any:
     """``wait_until`` with a mandatory bound: every wait in this tier says how long is too long."""
     return wait_until(predicate, timeout=timeout, interval=interval, what=what)
+
+
+def registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
+    """Two router replicas, two worker pods and the SMGWorker "llama" selecting them, registered everywhere.
+
+    Returns the SMGWorker's uid and the worker URLs."""
+    fleet.router_service()
+    fleet.add_routers("router-0", "router-1")
+    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
+    uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
+    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    return uid, want

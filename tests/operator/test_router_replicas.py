@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import time
 
-from kmock_harness import RECONCILE_INTERVAL, Fleet, Kube, Operator, pool_spec, wait_for
+from kmock_harness import RECONCILE_INTERVAL, Fleet, Kube, Operator, registered_pool, wait_for
 from support.procs import metric_value
 
 
 def _registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
-    fleet.router_service()
-    fleet.add_routers("router-0", "router-1")
-    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
-    uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
-    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    uid, want = registered_pool(kube, fleet)
     wait_for(lambda: kube.condition("llama", "Registered").get("status") == "True", timeout=5,
              what="Registered True")
     return uid, want

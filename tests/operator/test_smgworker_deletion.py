@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import time
 
-from kmock_harness import ADMIN_KEY, OPERATOR_FINALIZER, OWNER_UID, Fleet, Kube, Operator, pool_spec, wait_for
+from kmock_harness import (
+    ADMIN_KEY,
+    OPERATOR_FINALIZER,
+    OWNER_UID,
+    Fleet,
+    Kube,
+    Operator,
+    registered_pool,
+    wait_for,
+)
 from support.procs import http_json
 
 
 def _registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
-    fleet.router_service()
-    fleet.add_routers("router-0", "router-1")
-    fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
-    uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
-    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    uid, want = registered_pool(kube, fleet)
     wait_for(lambda: OPERATOR_FINALIZER in (kube.smgworker("llama")["metadata"].get("finalizers") or []),
              timeout=5, what="the operator's finalizer")
     return uid, want
