@@ -101,13 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         import uvloop
-    except ImportError:
-        uvloop = None
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        run = asyncio.run
+    else:
+        run = uvloop.run
     try:
-        if uvloop is not None:
-            uvloop.run(serve(config))
-        else:
-            asyncio.run(serve(config))
+        run(serve(config))
     except OSError as exc:
         log.error("smg-sim failed to start on %s:%s: %s", config.host, config.port, exc)
         return 1

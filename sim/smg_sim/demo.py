@@ -53,7 +53,8 @@ def _healthy(url: str) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
     try:
         with opener.open(f"{url}/health", timeout=1.0) as resp:
-            return resp.status == 200
+            status: int = resp.status  # urlopen's response is untyped (Any) in typeshed
+            return status == 200
     except (urllib.error.URLError, OSError):
         return False
 
@@ -70,6 +71,14 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _describe(proc: subprocess.Popen[bytes]) -> str:
+    """The child's role for messages: its module and first flags (``smg_sim --host 127.0.0.2``)."""
+    args = proc.args
+    if isinstance(args, list | tuple):
+        return " ".join(map(str, args[2:5]))
+    return str(args)
 
 
 class _Demo:
@@ -153,7 +162,7 @@ class _Demo:
         while not self.stop.wait(0.2):
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
-                what = " ".join(map(str, dead[0].args[2:5]))
+                what = _describe(dead[0])
                 print(f"smg-demo: {what} exited with {dead[0].returncode}; stopping",
                       file=sys.stderr, flush=True)
                 return 1

@@ -290,7 +290,8 @@ class Engine:
                 self._finish(seq, FinishReason("length"), "")
 
     async def _prefill_step(self, candidates: list[_Seq]) -> None:
-        batch, budget = [], 0
+        batch: list[_Seq] = []
+        budget = 0
         for seq in candidates:
             uncached = seq.prompt_len - seq.cached
             if batch and budget + uncached > MAX_PREFILL_TOKENS:

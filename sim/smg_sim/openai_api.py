@@ -188,7 +188,7 @@ async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncGenerator
             }
         else:
             choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
-        out = {**head, "choices": [choice]}
+        out: dict[str, Any] = {**head, "choices": [choice]}
         if call.include_usage:
             out["usage"] = None
         return out

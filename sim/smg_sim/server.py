@@ -13,6 +13,7 @@ from types import TracebackType
 
 import aiohttp
 from aiohttp import web
+from aiohttp.log import access_logger
 
 from . import info_api, openai_api, sglang_api
 from .bootstrap import RoomTable, create_bootstrap_app
@@ -87,7 +88,7 @@ async def _serve(
 ) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        **({} if access_log else {"access_log": None}),
+        access_log=access_logger if access_log else None,  # aiohttp's own default logger, or none
     )
     await runner.setup()
     try:
