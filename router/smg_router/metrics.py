@@ -18,7 +18,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
 """Yields (model, role, worker, chars) for every tenant of every tree."""
 
-disable_created_metrics()  # the *_created series double the exposition and no dashboard reads them
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client; the *_created series double the exposition and no dashboard reads them
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01)

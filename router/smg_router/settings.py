@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-POLICY_NAMES = ("random", "round_robin", "power_of_two", "least_load", "cache_aware")
+from smg_router.policy_names import POLICY_NAMES, canonical_name
+from smg_router.workers.worker import SpecError, normalize_url
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from the environment variable SMG_X_Y.",
     )
 
-    def add(flag: str, default: object, *, type: type = str, help: str, **kw: object) -> None:
-        p.add_argument(flag, default=_env(flag.lstrip("-"), default), type=type, help=help, **kw)
+    def add(flag: str, default: object, *, type: Callable[[str], object] = str, help: str) -> None:
+        p.add_argument(flag, default=_env(flag.lstrip("-"), default), type=type, help=help)
 
     s, pol, ld, h, r = ServerSettings(), PolicySettings(), LoadSettings(), HealthSettings(), RetrySettings()
     add("--host", s.host, help="address to listen on")
@@ -194,8 +195,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
-    from smg_router.policies.factory import canonical_name  # late: keep settings import-light
-
     for flag in ("policy", "prefill_policy", "decode_policy"):
         value = getattr(a, flag)
         if value is not None:
@@ -214,8 +213,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             port = int(entry[1])
         prefill.append((entry[0], port))
     decode = [url for entry in a.decode for url in entry]
-    from smg_router.workers.worker import SpecError, normalize_url  # late: keep settings import-light
-
     for url in [*_split(" ".join(a.worker_urls)), *(u for u, _ in prefill), *decode]:
         try:
             normalize_url(url)

@@ -13,27 +13,14 @@ from smg_router.metrics import Metrics
 from smg_router.policies.base import Policy, PolicyContext
 from smg_router.policies.cache_aware import CacheAwarePolicy
 from smg_router.policies.simple import LeastLoadPolicy, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
+from smg_router.policy_names import POLICY_NAMES, canonical_name
 from smg_router.settings import PolicySettings
 from smg_router.workers.load import LoadView
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (RandomPolicy, RoundRobinPolicy, PowerOfTwoPolicy, LeastLoadPolicy, CacheAwarePolicy)
 }
-ALIASES = {
-    "cacheaware": "cache_aware", "cache": "cache_aware",
-    "roundrobin": "round_robin", "rr": "round_robin",
-    "poweroftwo": "power_of_two", "power_of_2": "power_of_two", "p2c": "power_of_two",
-    "leastload": "least_load", "least_loaded": "least_load", "shortest_queue": "least_load",
-}
-
-
-def canonical_name(name: str) -> str:
-    """``Cache-Aware``, ``cacheaware`` and ``cache_aware`` all name the same policy; ValueError otherwise."""
-    key = name.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key not in POLICIES:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
-    return key
+assert set(POLICIES) == set(POLICY_NAMES), "policy_names.POLICY_NAMES must list every policy class"
 
 
 class PolicyFactory:

@@ -11,7 +11,8 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from smg_router.policies.base import Policy
-from smg_router.policies.factory import PolicyFactory, canonical_name
+from smg_router.policies.factory import PolicyFactory
+from smg_router.policy_names import canonical_name
 from smg_router.settings import PolicySettings
 from smg_router.workers.worker import Worker
 

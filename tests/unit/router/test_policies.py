@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from smg_router.policies.base import RouteRequest
-from smg_router.policies.factory import canonical_name
 from smg_router.policies.registry import PolicyRegistry
-from support.policy_env import Env, make_worker
+from smg_router.policy_names import canonical_name
+from support.policy_env import Env, RouteRequest, make_worker
 
 NOW = 50.0
 
