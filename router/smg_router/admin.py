@@ -16,9 +16,8 @@ from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
 from smg_router.errors import BadRequest, NotFound, Unauthorized
-from smg_router.handlers import json_response as _json
-from smg_router.handlers import read_body
-from smg_router.routing_text import parse_body
+from smg_router.http_io import json_response as _json
+from smg_router.http_io import parse_json_object, read_body
 from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -53,7 +52,7 @@ def _find(core: RouterCore, worker_id: str) -> Worker:
 
 
 async def _spec_body(request: web.Request) -> dict[str, Any]:
-    return parse_body(await read_body(request, ADMIN_BODY_LIMIT))
+    return parse_json_object(await read_body(request, ADMIN_BODY_LIMIT))
 
 
 def _spec(data: object, base: WorkerSpec | None = None) -> WorkerSpec:
@@ -64,9 +63,7 @@ def _spec(data: object, base: WorkerSpec | None = None) -> WorkerSpec:
 
 
 async def _register(core: RouterCore, spec: WorkerSpec) -> web.Response:
-    worker, created = core.lifecycle.add(spec)
-    if created and core.health is not None:
-        await core.health.probe(worker)  # answer with a real status, not "pending", when it is healthy
+    worker, created = await core.fleet.register(spec)
     return _json(_worker_json(core, worker), 201 if created else 200)
 
 
@@ -97,9 +94,9 @@ async def patch_worker(request: web.Request) -> web.Response:
     if draining is not None and not isinstance(draining, bool):
         raise BadRequest("draining: must be true or false", code="invalid_field")
     spec = _spec(data, base=worker.spec)  # validate everything before changing anything
-    core.lifecycle.update(worker, spec)
+    core.fleet.lifecycle.update(worker, spec)
     if draining is not None:
-        core.lifecycle.set_draining(worker, draining)
+        core.fleet.lifecycle.set_draining(worker, draining)
     return _json(_worker_json(core, worker))
 
 
@@ -112,7 +109,7 @@ async def put_worker(request: web.Request) -> web.Response:
     spec = _spec(data)
     if spec.model_id is None and worker.model_id is not None:
         spec = replace(spec, model_id=worker.model_id)
-    core.lifecycle.update(worker, spec)
+    core.fleet.lifecycle.update(worker, spec)
     return _json(_worker_json(core, worker))
 
 
@@ -120,7 +117,7 @@ async def delete_worker(request: web.Request) -> web.Response:
     core = _authorize(request)
     worker = _find(core, request.match_info["worker_id"])
     timeout = _drain_timeout(request, core)
-    drained = await core.lifecycle.remove(worker, drain_timeout=timeout)
+    drained = await core.fleet.remove(worker, drain_timeout=timeout)
     return _json({"removed": _worker_json(core, worker), "drained": drained})
 
 
@@ -156,7 +153,7 @@ async def remove_worker_compat(request: web.Request) -> web.Response:
     worker = core.registry.by_url(url)
     if worker is None:
         raise NotFound(f"no worker with url {url}", code="worker_not_found")
-    drained = await core.lifecycle.remove(worker, drain_timeout=_drain_timeout(request, core))
+    drained = await core.fleet.remove(worker, drain_timeout=_drain_timeout(request, core))
     return _json({"removed": _worker_json(core, worker), "drained": drained})
 
 

@@ -10,21 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
+from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
 from smg_router.settings import Settings
 from smg_router.upstream import Upstream
-from smg_router.workers.health import HealthChecker
-from smg_router.workers.lifecycle import Lifecycle
 from smg_router.workers.load import LoadView
-from smg_router.workers.load_monitor import LoadMonitor
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import WorkerSpec
 
@@ -40,16 +38,13 @@ class RouterCore:
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
-        self.lifecycle = Lifecycle(registry=self.registry, policies=self.policies, loads=self.loads,
-                                   metrics=self.metrics, retry=settings.retry)
+        self.fleet = Fleet(settings=settings, registry=self.registry, policies=self.policies, loads=self.loads,
+                           metrics=self.metrics)
         self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
                                  total_timeout=settings.server.request_timeout)
         self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
                            metrics=self.metrics, retry=settings.retry, pd_mode=settings.pd.enabled)
-        self._control: aiohttp.ClientSession | None = None
-        self.health: HealthChecker | None = None
-        self.load_monitor: LoadMonitor | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker."""
@@ -62,20 +57,16 @@ class RouterCore:
 
     async def start(self) -> None:
         await self.upstream.start()
-        self._control = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
-        self.health = HealthChecker(session=self._control, lifecycle=self.lifecycle, settings=self.settings.health)
-        self.load_monitor = LoadMonitor(session=self._control, registry=self.registry, policies=self.policies,
-                                        loads=self.loads, metrics=self.metrics, settings=self.settings.load)
+        await self.fleet.start()
         model = self.settings.model_id
-        for url in self.settings.worker_urls:
-            self.lifecycle.add(WorkerSpec.from_json({"url": url, "model_id": model}))
-        for url, port in self.settings.pd.prefill:
-            self.lifecycle.add(WorkerSpec.from_json({"url": url, "role": "prefill", "model_id": model,
-                                                     "bootstrap_port": port}))
-        for url in self.settings.pd.decode:
-            self.lifecycle.add(WorkerSpec.from_json({"url": url, "role": "decode", "model_id": model}))
-        self._spawn("smg-health-checker", self.health.run())
-        self._spawn("smg-load-monitor", self.load_monitor.run())
+        specs: list[dict[str, object]] = [{"url": url, "model_id": model} for url in self.settings.worker_urls]
+        specs += [{"url": url, "role": "prefill", "model_id": model, "bootstrap_port": port}
+                  for url, port in self.settings.pd.prefill]
+        specs += [{"url": url, "role": "decode", "model_id": model} for url in self.settings.pd.decode]
+        for spec in specs:  # the health checker's first round probes them
+            await self.fleet.register(WorkerSpec.from_json(spec), probe=False)
+        self._spawn("smg-health-checker", self.fleet.health.run())
+        self._spawn("smg-load-monitor", self.fleet.load_monitor.run())
         self._spawn("smg-tree-eviction", self._evict_periodically())
 
     async def stop(self) -> None:
@@ -86,10 +77,9 @@ class RouterCore:
                 await task
         self._tasks.clear()
         await self.upstream.close()
-        if self._control is not None:
-            await self._control.close()
+        await self.fleet.close()
 
-    def _spawn(self, name: str, coro: Any) -> None:
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
 
     async def _evict_periodically(self) -> None:

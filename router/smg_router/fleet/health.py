@@ -8,32 +8,34 @@ Draining workers are left alone.  Status changes go through the lifecycle.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import replace
 
-import aiohttp
 import orjson
 
+from smg_router.fleet.lifecycle import Lifecycle
+from smg_router.fleet.probes import ProbeClient
 from smg_router.settings import HealthSettings
-from smg_router.workers.lifecycle import Lifecycle
 from smg_router.workers.worker import Worker, WorkerStatus
 
 log = logging.getLogger(__name__)
 
 
 class HealthChecker:
-    def __init__(self, *, session: aiohttp.ClientSession, lifecycle: Lifecycle, settings: HealthSettings) -> None:
-        self._session = session
+    def __init__(self, *, probes: ProbeClient, lifecycle: Lifecycle, settings: HealthSettings) -> None:
+        self._probes = probes
         self._lifecycle = lifecycle
         self._settings = settings
-        self._timeout = aiohttp.ClientTimeout(total=settings.timeout)
 
     async def run(self) -> None:
         while True:
-            workers = [w for w in self._lifecycle.registry if w.status is not WorkerStatus.DRAINING]
-            await asyncio.gather(*(self.probe(w) for w in workers))
+            await self.check_all()
             await asyncio.sleep(self._settings.interval)
+
+    async def check_all(self) -> None:
+        """One round: probe every worker that is not draining."""
+        workers = [w for w in self._lifecycle.registry if w.status is not WorkerStatus.DRAINING]
+        await asyncio.gather(*(self.probe(w) for w in workers))
 
     async def probe(self, worker: Worker) -> bool:
         ok = await self._get_ok(worker.url + "/health")
@@ -55,19 +57,22 @@ class HealthChecker:
         return ok
 
     async def _get_ok(self, url: str) -> bool:
-        try:
-            async with self._session.get(url, timeout=self._timeout) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+        answer = await self._probes.get(url, seconds=self._settings.timeout)
+        return answer is not None and answer[0] == 200
 
     async def _discover_model(self, worker: Worker) -> None:
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError,
-                                 IndexError, TypeError):
-            async with self._session.get(worker.url + "/v1/models", timeout=self._timeout) as resp:
-                data = orjson.loads(await resp.read())
-            model = data["data"][0]["id"]
-            if isinstance(model, str) and model and self._lifecycle.registry.get(worker.id) is worker:
-                self._lifecycle.update(worker, replace(worker.spec, model_id=model))
-                log.info("worker %s serves model %s", worker.url, model)
+        answer = await self._probes.get(worker.url + "/v1/models", seconds=self._settings.timeout)
+        model = _first_model(answer[1]) if answer is not None and answer[0] == 200 else None
+        if model is not None and self._lifecycle.registry.get(worker.id) is worker:
+            self._lifecycle.update(worker, replace(worker.spec, model_id=model))
+            log.info("worker %s serves model %s", worker.url, model)
+
+
+def _first_model(body: bytes) -> str | None:
+    """The first model id of a ``/v1/models`` answer, or None when it is not one."""
+    try:
+        data = orjson.loads(body)
+        model = data["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    return model if isinstance(model, str) and model else None

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-import aiohttp
 import orjson
 
+from smg_router.fleet.probes import ProbeClient
 from smg_router.metrics import Metrics
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.settings import LoadSettings
@@ -76,15 +77,14 @@ def parse_metrics(text: str) -> int:
 
 
 class LoadMonitor:
-    def __init__(self, *, session: aiohttp.ClientSession, registry: WorkerRegistry, policies: PolicyRegistry,
+    def __init__(self, *, probes: ProbeClient, registry: WorkerRegistry, policies: PolicyRegistry,
                  loads: LoadView, metrics: Metrics, settings: LoadSettings) -> None:
-        self._session = session
+        self._probes = probes
         self._registry = registry
         self._policies = policies
         self._loads = loads
         self._metrics = metrics
         self._settings = settings
-        self._timeout = aiohttp.ClientTimeout(total=settings.timeout)
         self._source: dict[str, str] = {}
         """Worker id → "loads" or "metrics", whichever answered last time."""
 
@@ -120,11 +120,11 @@ class LoadMonitor:
             self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
         return load
 
-    async def _fetch(self, url: str, parse) -> int | None:  # type: ignore[no-untyped-def]
+    async def _fetch(self, url: str, parse: Callable[[bytes], int]) -> int | None:
+        answer = await self._probes.get(url, seconds=self._settings.timeout)
+        if answer is None or answer[0] != 200:
+            return None
         try:
-            async with self._session.get(url, timeout=self._timeout) as resp:
-                if resp.status != 200:
-                    return None
-                return parse(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, UnicodeDecodeError):
+            return parse(answer[1])
+        except (ValueError, UnicodeDecodeError):
             return None

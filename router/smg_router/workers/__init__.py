@@ -1,1 +1,1 @@
-"""workers: the worker model, the registry, health checks, the load monitor and the one lifecycle path."""
+"""workers: worker data (spec, status, breaker, registry, load view), below the policies that read it."""

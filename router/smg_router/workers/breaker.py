@@ -1,8 +1,13 @@
-"""Per-worker circuit breaker: closed → open after repeated failures → half-open trial → closed."""
+"""Per-worker circuit breaker: closed → open after repeated failures → half-open trial → closed.
+
+What counts as a failure is decided once, in ``attempt.AttemptGuard``; the breaker only counts.  The clock is
+injected so the state machine is unit-tested without sleeping.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 
@@ -19,11 +24,13 @@ class CircuitBreaker:
     next outcome closes it (success) or opens it for another cooldown (failure).
     """
 
-    __slots__ = ("_failures", "_opened_at", "cooldown", "failure_threshold")
+    __slots__ = ("_clock", "_failures", "_opened_at", "cooldown", "failure_threshold")
 
-    def __init__(self, *, failure_threshold: int, cooldown: float) -> None:
+    def __init__(self, *, failure_threshold: int, cooldown: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.failure_threshold = failure_threshold
         self.cooldown = cooldown
+        self._clock = clock
         self._failures = 0
         self._opened_at: float | None = None
 
@@ -31,12 +38,12 @@ class CircuitBreaker:
     def state(self) -> BreakerState:
         if self._opened_at is None:
             return BreakerState.CLOSED
-        if time.monotonic() - self._opened_at >= self.cooldown:
+        if self._clock() - self._opened_at >= self.cooldown:
             return BreakerState.HALF_OPEN
         return BreakerState.OPEN
 
     def allows(self) -> bool:
-        return self._opened_at is None or time.monotonic() - self._opened_at >= self.cooldown
+        return self._opened_at is None or self._clock() - self._opened_at >= self.cooldown
 
     def record_success(self) -> None:
         self._failures = 0
@@ -46,4 +53,4 @@ class CircuitBreaker:
         self._failures += 1
         half_open = self._opened_at is not None
         if half_open or self._failures >= self.failure_threshold:
-            self._opened_at = time.monotonic()
+            self._opened_at = self._clock()

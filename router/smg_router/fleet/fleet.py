@@ -1,0 +1,49 @@
+"""The fleet: the one place that orchestrates worker lifecycle steps for the HTTP layer and the command line.
+
+``Lifecycle`` applies each mutation to the registry, every policy instance, the load view and the metrics
+(the one path); ``Fleet`` sequences what comes around it: a newly registered worker is probed at once (so
+the answer carries a real status, not "pending"), the health checker and the load monitor run in the
+background.  All of them exist from construction; ``start`` opens the probe client's pool.
+"""
+
+from __future__ import annotations
+
+from smg_router.fleet.health import HealthChecker
+from smg_router.fleet.lifecycle import Lifecycle
+from smg_router.fleet.load_monitor import LoadMonitor
+from smg_router.fleet.probes import ProbeClient
+from smg_router.metrics import Metrics
+from smg_router.policies.registry import PolicyRegistry
+from smg_router.settings import Settings
+from smg_router.workers.load import LoadView
+from smg_router.workers.registry import WorkerRegistry
+from smg_router.workers.worker import Worker, WorkerSpec
+
+
+class Fleet:
+    def __init__(self, *, settings: Settings, registry: WorkerRegistry, policies: PolicyRegistry, loads: LoadView,
+                 metrics: Metrics) -> None:
+        self.registry = registry
+        self.lifecycle = Lifecycle(registry=registry, policies=policies, loads=loads, metrics=metrics,
+                                   retry=settings.retry)
+        self.probes = ProbeClient()
+        self.health = HealthChecker(probes=self.probes, lifecycle=self.lifecycle, settings=settings.health)
+        self.load_monitor = LoadMonitor(probes=self.probes, registry=registry, policies=policies, loads=loads,
+                                        metrics=metrics, settings=settings.load)
+
+    async def start(self) -> None:
+        await self.probes.start()
+
+    async def close(self) -> None:
+        await self.probes.close()
+
+    async def register(self, spec: WorkerSpec, *, probe: bool = True) -> tuple[Worker, bool]:
+        """Add a worker (idempotent: the same spec again returns the existing one, ``created`` False)."""
+        worker, created = self.lifecycle.add(spec)
+        if created and probe:
+            await self.health.probe(worker)
+        return worker, created
+
+    async def remove(self, worker: Worker, *, drain_timeout: float) -> bool:
+        """Drain, then remove from the registry, every policy, the load view and the metrics."""
+        return await self.lifecycle.remove(worker, drain_timeout=drain_timeout)
