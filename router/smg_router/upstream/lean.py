@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 upstream client: pooled keep-alive connections on ``asyncio.Protocol``, framed by httptools.
 
-It implements the ``Upstream`` interface of ``upstream.py`` (post → status, headers, read or chunk-by-chunk
+It implements the ``UpstreamResponse`` interface of ``base`` (post → status, headers, read or chunk-by-chunk
 body, release, abort) with far less work per request than aiohttp's ``ClientSession`` (DESIGN 2.9 measured
 ``ClientSession`` as the single biggest cost of a Python proxy).  Only what the router needs: POST with a body
 of known length, responses framed by Content-Length, chunked encoding or connection close.
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from smg_router.upstream import UpstreamConnectError
+from smg_router.upstream.base import UpstreamConnectError
 
 HIGH_WATER = 256 * 1024
 """Buffered body bytes above which reading from the worker pauses until the proxy catches up."""
@@ -185,7 +185,7 @@ class LeanResponse:
 
 
 class LeanUpstream:
-    """Drop-in for ``upstream.Upstream``."""
+    """The plain-http transport of ``client.Upstream``."""
 
     def __init__(self, *, connect_timeout: float, total_timeout: float) -> None:
         self._connect_timeout = connect_timeout
@@ -232,7 +232,7 @@ class LeanUpstream:
             _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Conn(key), key[0], key[1]),
                                              self._connect_timeout)
         except (OSError, TimeoutError) as e:
-            raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {e or type(e).__name__}") from None
+            raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {str(e) or type(e).__name__}") from None
         return conn
 
     def _give_back(self, conn: _Conn) -> None:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from smg_router.lean_upstream import HIGH_WATER, LeanUpstream
-from smg_router.upstream import UpstreamConnectError
+from smg_router.upstream.base import UpstreamConnectError
+from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
 from support.procs import free_port
 
 

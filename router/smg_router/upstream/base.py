@@ -1,0 +1,23 @@
+"""The upstream interface the request path sees, and its one connect error.  Imports no transport."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+
+class UpstreamConnectError(Exception):
+    """The worker could not be reached or the connection failed before a response arrived."""
+
+
+class UpstreamResponse(Protocol):
+    """A worker's response: status and headers at once, the body whole or chunk by chunk."""
+
+    status: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    async def read(self) -> bytes: ...
+    def chunks(self) -> AsyncIterator[bytes]: ...
+    def release(self) -> None: ...
+    def abort(self) -> None: ...
