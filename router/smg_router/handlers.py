@@ -5,45 +5,31 @@ Also the probes (``/health``, ``/liveness``, ``/readiness``), ``/v1/models`` and
 
 from __future__ import annotations
 
-import orjson
+from collections.abc import Awaitable, Callable
+
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
-from smg_router.errors import PayloadTooLarge
+from smg_router.http_io import json_response, read_body
 from smg_router.metrics import CONTENT_TYPE
-from smg_router.proxy import Routed
-from smg_router.routing_text import parse_request
+from smg_router.request import parse_request
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
-                              code="payload_too_large")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
-
-
-def _generation(kind: str, endpoint: str):  # type: ignore[no-untyped-def]
+def _generation(kind: str) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         core = request.app[ROUTER]
         raw = await read_body(request, core.settings.server.max_payload_size)
-        parsed = parse_request(kind, raw)
-        model = core.proxy.resolve_model(parsed.model)
-        return await core.proxy.handle(request, Routed(endpoint, model, parsed.text, parsed.stream, raw, parsed.body))
+        return await core.proxy.handle(request, parse_request(kind, raw, request.headers))
 
     handler.__name__ = f"{kind}_handler"
     return handler
 
 
-chat_completions = _generation("chat", "/v1/chat/completions")
-completions = _generation("completions", "/v1/completions")
-generate = _generation("generate", "/generate")
-
-
-def json_response(data: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+chat_completions = _generation("chat")
+completions = _generation("completions")
+generate = _generation("generate")
 
 
 async def models(request: web.Request) -> web.Response:

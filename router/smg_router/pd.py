@@ -15,19 +15,19 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
 
+from smg_router.attempt import AttemptGuard, Attempts
 from smg_router.errors import BadRequest, UpstreamError
-from smg_router.policies.base import RouteRequest
-from smg_router.upstream import UpstreamConnectError, UpstreamResponse
+from smg_router.metrics import Metrics
+from smg_router.relay import relay
+from smg_router.request import ProxyRequest
+from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 from smg_router.workers.worker import Worker
-
-if TYPE_CHECKING:
-    from smg_router.proxy import Proxy, Routed
 
 log = logging.getLogger(__name__)
 DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
@@ -65,79 +65,72 @@ def with_bootstrap(endpoint: str, body: dict[str, Any], prefill: Worker) -> byte
 
 
 class PDDispatcher:
-    """Sends one request to a prefill and a decode worker; used by ``Proxy`` in PD mode."""
+    """Sends one request to a prefill and a decode worker at once; ``Proxy`` hands it PD-mode requests."""
 
-    def __init__(self, proxy: Proxy) -> None:
-        self.proxy = proxy
+    def __init__(self, *, attempts: Attempts, upstream: Upstream, metrics: Metrics) -> None:
+        self._attempts = attempts
+        self._upstream = upstream
+        self._metrics = metrics
 
-    async def forward(self, request: web.Request, routed: Routed, started: float) -> web.StreamResponse:
-        p = self.proxy
-        route = RouteRequest(routed.model, routed.text)
-        prefill = p.select("prefill", route, set())
-        decode = p.select("decode", route, set())
-        assert routed.parsed is not None
-        body = with_bootstrap(routed.endpoint, routed.parsed, prefill)
-        headers = p.forward_headers(request)
-        p.track(prefill, +1)
-        p.track(decode, +1)
-        prefill_leg = asyncio.ensure_future(self._prefill(prefill, routed.endpoint, body, headers))
-        decode_leg = asyncio.ensure_future(self._decode(decode, routed.endpoint, body, headers))
-        outcome = "error"
-        try:
-            await asyncio.wait({prefill_leg, decode_leg}, return_when=asyncio.FIRST_COMPLETED)
-            if prefill_leg.done() and prefill_leg.exception() is not None:
-                outcome = "prefill_failed"
-                raise prefill_leg.exception()  # type: ignore[misc]
-            decode_resp = await decode_leg  # raises the decode leg's UpstreamError
-            response = await p.respond(request, routed, decode, decode_resp, started)
-            outcome = "success"
-            return response
-        except UpstreamError as e:
-            if outcome == "error":
-                outcome = "decode_failed" if e.code == "decode_failed" else "prefill_failed"
-            raise
-        finally:
-            # A leg still running now is cut off: after a failure so nothing hangs, and after a success the prefill
-            # answer (never shown to the client) is moot, since the decode answer proves the KV arrived.
-            for leg in (prefill_leg, decode_leg):
-                if not leg.done():
-                    leg.cancel()
-            if outcome != "success" and decode_leg.done() and not decode_leg.cancelled() \
-                    and decode_leg.exception() is None:
-                decode_leg.result().abort()
-            await asyncio.gather(prefill_leg, decode_leg, return_exceptions=True)
-            p.track(prefill, -1)
-            p.track(decode, -1)
-            p.metrics.pd_requests.labels(outcome).inc()
+    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+        with self._attempts.open("prefill", req) as prefill, self._attempts.open("decode", req) as decode:
+            body = with_bootstrap(req.endpoint, req.body, prefill.worker)
+            prefill_leg = asyncio.ensure_future(self._prefill(prefill, req, body))
+            decode_leg = asyncio.ensure_future(self._start(decode, "decode", req, body))
+            outcome = "error"
+            try:
+                await asyncio.wait({prefill_leg, decode_leg}, return_when=asyncio.FIRST_COMPLETED)
+                if prefill_leg.done() and (error := prefill_leg.exception()) is not None:
+                    outcome = "prefill_failed"
+                    raise error
+                decode_resp = await decode_leg  # raises the decode leg's UpstreamError
+                response = await relay(request, req, decode_resp, decode, self._metrics)
+                outcome = "success"
+                return response
+            except UpstreamError as e:
+                if outcome == "error":
+                    outcome = "decode_failed" if e.code == "decode_failed" else "prefill_failed"
+                raise
+            finally:
+                await _settle(prefill_leg, decode_leg, succeeded=outcome == "success")
+                self._metrics.pd_requests.labels(outcome).inc()
 
-    async def _prefill(self, worker: Worker, path: str, body: bytes, headers: dict[str, str]) -> None:
+    async def _prefill(self, guard: AttemptGuard, req: ProxyRequest, body: bytes) -> None:
         """Run the prefill leg to the end (its answer is discarded); UpstreamError on any failure."""
-        resp = await self._start(worker, "prefill", path, body, headers)
+        resp = await self._start(guard, "prefill", req, body)
         try:
             await resp.read()
         except Exception as e:
-            worker.breaker.record_failure()
-            raise UpstreamError(f"prefill worker {worker.url} failed mid-request: {e}",
+            guard.failed()
+            raise UpstreamError(f"prefill worker {guard.worker.url} failed mid-request: {e}",
                                 code="prefill_failed") from None
         finally:
             resp.abort()
-        worker.breaker.record_success()
+        guard.answered(resp.status)
 
-    async def _decode(self, worker: Worker, path: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        return await self._start(worker, "decode", path, body, headers)
-
-    async def _start(self, worker: Worker, role: str, path: str, body: bytes,
-                     headers: dict[str, str]) -> UpstreamResponse:
+    async def _start(self, guard: AttemptGuard, role: str, req: ProxyRequest, body: bytes) -> UpstreamResponse:
+        worker = guard.worker
         try:
-            resp = await self.proxy.upstream.post(worker.url + path, body, headers)
+            resp = await self._upstream.post(worker.url + req.endpoint, body, req.headers)
         except (UpstreamConnectError, TimeoutError) as e:
-            worker.breaker.record_failure()
+            guard.failed()
             raise UpstreamError(f"{role} worker {worker.url} failed: {e}", code=f"{role}_failed") from None
         if resp.status >= 400:
-            if resp.status >= 500:
-                worker.breaker.record_failure()
+            guard.answered(resp.status)
             detail = (await resp.read())[:300].decode(errors="replace")
             resp.abort()
             raise UpstreamError(f"{role} worker {worker.url} answered {resp.status}: {detail}",
                                 code=f"{role}_failed")
         return resp
+
+
+async def _settle(prefill_leg: asyncio.Future[None], decode_leg: asyncio.Future[UpstreamResponse], *,
+                  succeeded: bool) -> None:
+    """Cut off a leg still running: after a failure so nothing hangs, and after a success the prefill answer
+    (never shown to the client) is moot, since the decode answer proves the KV arrived."""
+    for leg in (prefill_leg, decode_leg):
+        if not leg.done():
+            leg.cancel()
+    if not succeeded and decode_leg.done() and not decode_leg.cancelled() and decode_leg.exception() is None:
+        decode_leg.result().abort()
+    await asyncio.gather(prefill_leg, decode_leg, return_exceptions=True)

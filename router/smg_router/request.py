@@ -1,38 +1,47 @@
-"""Parse a generation request once: its model, whether it streams, and its routing text.
+"""The request path's one record: a generation request parsed once, from the handler to the answer.
 
-The routing text is the whole prompt as the engine will see it: every chat message in order with its
-role (not only the first), the completion prompt, or ``/generate``'s ``text`` / ``input_ids``.  Token
-ids become one character each, so prefixes of token lists are prefixes of the text.
+Parsing reads the model, whether it streams, and the routing text: the whole prompt as the engine will
+see it (every chat message in order with its role, not only the first; the completion prompt;
+``/generate``'s ``text`` or ``input_ids``).  Token ids become one character each, so prefixes of token
+lists are prefixes of the text.  The record satisfies ``policies.base.RouteRequest`` (``model``,
+``text``), so policies read it without seeing HTTP.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from smg_router.errors import BadRequest
+from smg_router.http_io import parse_json_object
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
+"""Request kind → the endpoint path it arrives on and is forwarded to."""
+FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
 
 
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    model: str | None
+@dataclass(slots=True, kw_only=True)
+class ProxyRequest:
+    """One generation request.  Built by ``parse_request``; ``Proxy.handle`` fills ``model`` and ``started``."""
+
+    endpoint: str
+    """Metric label and upstream path: /v1/chat/completions, /v1/completions, /generate."""
+    requested_model: str | None
+    """The ``model`` field as the client sent it (None when absent)."""
     stream: bool
     text: str
+    """The routing text (the whole prompt)."""
     body: dict[str, Any]
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object", code="invalid_json")
-    return body
+    """The parsed body (PD mode adds the bootstrap fields to it)."""
+    raw: bytes
+    """The bytes the client sent, forwarded unchanged in regular mode."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The client headers forwarded to the worker."""
+    model: str = ""
+    """The model key the request routes by, resolved by the proxy ("" for a fleet of unknown model)."""
+    started: float = 0.0
+    """``time.perf_counter()`` when the proxy took the request (latency and TTFT metrics)."""
 
 
 def _content_text(content: Any) -> str:
@@ -96,9 +105,12 @@ def generate_text(body: dict[str, Any]) -> str:
 TEXT_OF = {"chat": chat_text, "completions": completion_text, "generate": generate_text}
 
 
-def parse_request(kind: str, raw: bytes) -> ParsedRequest:
-    body = parse_body(raw)
+def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = None) -> ProxyRequest:
+    """Parse a ``chat``, ``completions`` or ``generate`` body; a 400 naming the field when it is wrong."""
+    body = parse_json_object(raw)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise BadRequest("model must be a non-empty string", code="invalid_field")
-    return ParsedRequest(model=model, stream=body.get("stream") is True, text=TEXT_OF[kind](body), body=body)
+    forwarded = {} if headers is None else {k: v for k in FORWARD_REQUEST_HEADERS if (v := headers.get(k)) is not None}
+    return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=body.get("stream") is True,
+                        text=TEXT_OF[kind](body), body=body, raw=raw, headers=forwarded)

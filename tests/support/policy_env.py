@@ -1,12 +1,22 @@
 """Shared builders for unit tests of policies: real metrics, a real load view, ready workers."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
 from smg_router.settings import PolicySettings
 from smg_router.workers.breaker import CircuitBreaker
 from smg_router.workers.load import LoadView
 from smg_router.workers.worker import Worker, WorkerSpec, WorkerStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The two fields a policy reads (``policies.base.RouteRequest``), without the HTTP request around them."""
+
+    model: str
+    text: str
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from smg_router.metrics import Metrics
 from smg_router.settings import PolicySettings
@@ -18,12 +18,16 @@ from smg_router.workers.load import LoadView
 from smg_router.workers.worker import Worker
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRequest:
-    """What a policy may look at: the model key and the routing text (the whole prompt)."""
+class RouteRequest(Protocol):
+    """What a policy may look at: the model key and the routing text (the whole prompt).
 
-    model: str
-    text: str
+    The request path's one record (``request.ProxyRequest``) satisfies it; policies never see HTTP.
+    """
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def text(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

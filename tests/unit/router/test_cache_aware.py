@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from smg_router.policies.base import RouteRequest
-from support.policy_env import Env, make_worker
+from support.policy_env import Env, RouteRequest, make_worker
 
 NOW = 1000.0
 

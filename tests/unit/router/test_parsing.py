@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from smg_router.errors import BadRequest
-from smg_router.routing_text import parse_request
-from smg_router.workers.load_monitor import parse_loads, parse_metrics
+from smg_router.fleet.load_monitor import parse_loads, parse_metrics
+from smg_router.request import parse_request
 from smg_router.workers.worker import SpecError, normalize_url
 
 

@@ -1,0 +1,113 @@
+"""One attempt at one worker: choosing the worker, and the guard that owns the attempt's bookkeeping.
+
+``Attempts.open(role, req, exclude)`` gathers the routable workers of the role that serve the request's
+model, asks that model's policy to choose, and returns an ``AttemptGuard`` for the chosen worker.  The
+guard is the only code that touches a worker's in-flight count, processed count and circuit breaker
+(the Rust SMG's ``WorkerLoadGuard``): it counts the attempt in when it opens, and when it closes (at the
+end of the response, however it ends) it counts it out and hands the outcome to the breaker.
+
+What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
+a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
+fault: it is retried elsewhere but leaves the breaker alone.  A client that goes away is no outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from enum import Enum
+from types import TracebackType
+
+from smg_router.errors import NoWorkerAvailable
+from smg_router.metrics import Metrics
+from smg_router.policies.base import RouteRequest
+from smg_router.policies.registry import PolicyRegistry
+from smg_router.workers.registry import WorkerRegistry
+from smg_router.workers.worker import Worker
+
+
+def is_worker_failure(status: int) -> bool:
+    """A 5xx says the worker is broken; a 4xx (429 included) says it is working."""
+    return status >= 500
+
+
+def is_retryable(status: int) -> bool:
+    """Worth another worker, while nothing reached the client: a broken worker (5xx) or a busy one (429)."""
+    return status >= 500 or status == 429
+
+
+class Outcome(Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+class AttemptGuard:
+    """In-flight, processed and breaker outcome of one attempt.  Use as ``with``; it closes exactly once."""
+
+    __slots__ = ("_closed", "_metrics", "_outcome", "_registry", "worker")
+
+    def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics) -> None:
+        self.worker = worker
+        self._registry = registry
+        self._metrics = metrics
+        self._outcome: Outcome | None = None
+        self._closed = False
+        worker.inflight += 1
+        worker.processed += 1
+        self._publish()
+
+    def answered(self, status: int) -> None:
+        """The worker answered ``status`` in full: a failure for a 5xx, nothing for a 429, else a success."""
+        if is_worker_failure(status):
+            self._outcome = Outcome.FAILURE
+        elif status != 429:
+            self._outcome = Outcome.SUCCESS
+
+    def failed(self) -> None:
+        """The worker could not be reached, timed out or cut its answer off."""
+        self._outcome = Outcome.FAILURE
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.worker.inflight -= 1
+        self._publish()
+        if self._outcome is Outcome.SUCCESS:
+            self.worker.breaker.record_success()
+        elif self._outcome is Outcome.FAILURE:
+            self.worker.breaker.record_failure()
+
+    def __enter__(self) -> AttemptGuard:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _publish(self) -> None:
+        w = self.worker
+        if self._registry.get(w.id) is w:  # a removed worker's series must not come back
+            self._metrics.worker_inflight.labels(w.url, w.role).set(w.inflight)
+
+
+class Attempts:
+    """Opens attempts: selection by the model's policy among the routable workers, then a guard."""
+
+    def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, metrics: Metrics) -> None:
+        self._registry = registry
+        self._policies = policies
+        self._metrics = metrics
+
+    def open(self, role: str, req: RouteRequest, exclude: Collection[str] = ()) -> AttemptGuard:
+        """The guard of a newly chosen worker; 503 when no routable worker is left."""
+        candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]
+        if not candidates:
+            what = "other " if exclude else ""
+            raise NoWorkerAvailable(f"no {what}healthy {role} worker for model '{req.model}'",
+                                    code="no_available_workers")
+        policy = self._policies.policy_for(role, req.model)
+        t0 = time.perf_counter()
+        worker = policy.select(candidates, req, time.monotonic())
+        self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
+        return AttemptGuard(worker, registry=self._registry, metrics=self._metrics)

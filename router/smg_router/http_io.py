@@ -1,0 +1,38 @@
+"""Reading request bodies and writing JSON answers: the helpers both HTTP modules (handlers, admin) share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from smg_router.errors import BadRequest, PayloadTooLarge
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
+                              code="payload_too_large")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    if not raw:
+        raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
