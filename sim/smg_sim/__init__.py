@@ -11,7 +11,7 @@ behaviours (slow start, bootstrap waits, room expiry) are not.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .config import SimConfig
 from .server import SimServer, create_app, start_sim

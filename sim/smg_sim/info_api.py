@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import __version__
+from .version import __version__
 from .errors import ApiError, json_response
 from .metrics import loads_report, prometheus_text
 from .state import STATE_KEY
