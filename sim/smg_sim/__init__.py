@@ -11,9 +11,8 @@ behaviours (slow start, bootstrap waits, room expiry) are not.
 
 from __future__ import annotations
 
-from .version import __version__
-
 from .config import SimConfig
 from .server import SimServer, create_app, start_sim
+from .version import __version__
 
 __all__ = ["SimConfig", "SimServer", "__version__", "create_app", "start_sim"]

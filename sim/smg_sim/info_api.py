@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .version import __version__
 from .errors import ApiError, json_response
 from .metrics import loads_report, prometheus_text
 from .state import STATE_KEY
+from .version import __version__
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
