@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from smg_operator.desired import GROUP, PLURAL, VERSION
 
@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 def load_config() -> None:
     """In-cluster configuration when running in a pod, else the standard kubeconfig ($KUBECONFIG)."""
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # the kubernetes client leaves it unannotated
     except config.ConfigException:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]  # likewise
 
 
 def now_iso() -> str:
@@ -98,7 +98,7 @@ class LeaderLease:
                     return False
                 raise
             return True
-        spec = lease.spec
+        spec = lease.spec or client.V1LeaseSpec()  # a Lease without a spec (made by hand) is a free one
         holder = spec.holder_identity
         renewed = spec.renew_time
         expired = renewed is None or (datetime.datetime.now(datetime.UTC) - renewed).total_seconds() > (
@@ -124,7 +124,7 @@ class LeaderLease:
         """Give the lease up on a clean exit, so a standby takes over at once instead of after expiry."""
         try:
             lease = self._api.read_namespaced_lease(self.name, self.namespace)
-            if lease.spec.holder_identity == self.identity:
+            if lease.spec is not None and lease.spec.holder_identity == self.identity:
                 lease.spec.holder_identity = None
                 lease.spec.renew_time = None
                 self._api.replace_namespaced_lease(self.name, self.namespace, lease)

@@ -6,7 +6,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 

@@ -49,11 +49,13 @@ class RouterClient:
         body = await self._call("list", "GET", f"{router}/workers")
         return list(body.get("workers", []))
 
-    async def register(self, router: str, registration: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("register", "POST", f"{router}/workers", json=registration)
+    # The answers of register and replace (the worker record) are not used: each reconcile reads the
+    # replica's state back with list_workers, so there is one source of truth for what a replica holds.
+    async def register(self, router: str, registration: dict[str, Any]) -> None:
+        await self._call("register", "POST", f"{router}/workers", json=registration)
 
-    async def replace(self, router: str, worker_id: str, registration: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)
+    async def replace(self, router: str, worker_id: str, registration: dict[str, Any]) -> None:
+        await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)
 
     async def remove(self, router: str, worker_id: str, *, drain_timeout: float) -> None:
         await self._call("remove", "DELETE", f"{router}/workers/{worker_id}?timeout={drain_timeout:g}",

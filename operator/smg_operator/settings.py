@@ -32,29 +32,35 @@ class OperatorSettings:
     log_level: str = "info"
 
 
-def _env(flag: str, default: object) -> object:
-    return os.environ.get("SMG_OPERATOR_" + flag.upper().replace("-", "_"), default)
+def _env(flag: str, default: str) -> str:
+    """The value of ``SMG_OPERATOR_<FLAG>``, or the flag's default when it is unset."""
+    value = _env_or_none(flag)
+    return default if value is None else value
+
+
+def _env_or_none(flag: str) -> str | None:
+    return os.environ.get("SMG_OPERATOR_" + flag.upper().replace("-", "_"))
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     p = argparse.ArgumentParser(prog="smg-operator", description="Registers SMGWorker pools with every SMG router "
                                 "replica. Flags --x-y can also be set as SMG_OPERATOR_X_Y.")
-    ns_env = str(_env("namespace", ""))
+    ns_env = _env("namespace", "")
     p.add_argument("--namespace", action="append", default=None,
                    help="namespace to watch (repeat; default: the whole cluster)")
-    p.add_argument("--reconcile-interval", type=float, default=float(_env("reconcile-interval", 10.0)))
-    p.add_argument("--router-service", default=_env("router-service", None), help="default router Service name")
-    p.add_argument("--router-namespace", default=_env("router-namespace", None), help="its namespace")
-    p.add_argument("--router-port", type=int, default=int(_env("router-port", 30000)))
+    p.add_argument("--reconcile-interval", type=float, default=float(_env("reconcile-interval", "10")))
+    p.add_argument("--router-service", default=_env_or_none("router-service"), help="default router Service name")
+    p.add_argument("--router-namespace", default=_env_or_none("router-namespace"), help="its namespace")
+    p.add_argument("--router-port", type=int, default=int(_env("router-port", "30000")))
     p.add_argument("--metrics-host", default=_env("metrics-host", "0.0.0.0"))
-    p.add_argument("--metrics-port", type=int, default=int(_env("metrics-port", 8080)),
+    p.add_argument("--metrics-port", type=int, default=int(_env("metrics-port", "8080")),
                    help="port of /metrics and /healthz (0: off)")
     p.add_argument("--leader-election", action="store_true",
-                   default=str(_env("leader-election", "")).lower() in ("1", "true", "yes"))
-    p.add_argument("--leader-election-namespace", default=_env("leader-election-namespace", None))
+                   default=_env("leader-election", "").lower() in ("1", "true", "yes"))
+    p.add_argument("--leader-election-namespace", default=_env_or_none("leader-election-namespace"))
     p.add_argument("--leader-election-lease-duration", type=int,
-                   default=int(_env("leader-election-lease-duration", 15)), help="seconds (default 15)")
-    p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", 5.0)))
+                   default=int(_env("leader-election-lease-duration", "15")), help="seconds (default 15)")
+    p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", "5")))
     p.add_argument("--log-level", default=_env("log-level", "info"))
     a = p.parse_args(argv)
     if a.reconcile_interval <= 0:

@@ -4,9 +4,55 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
-from smg_operator.desired import Desired
+from smg_operator.desired import Desired, DesiredWorker
+
+ConditionStatus = Literal["True", "False"]
+
+
+class Condition(TypedDict):
+    """One entry of ``status.conditions`` (the Kubernetes condition shape)."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int | None
+
+
+class EndpointStatus(TypedDict):
+    url: str
+    pod: NotRequired[str]
+    """Absent for a static endpoint."""
+    registered: bool
+    """On every router replica."""
+
+
+class RouterStatus(TypedDict):
+    pod: str
+    url: str
+    reachable: bool
+    registered: int
+    """How many of the desired endpoints this replica holds."""
+    lastSync: str
+
+
+class SMGWorkerStatus(TypedDict):
+    """The ``status`` the operator writes (the CRD's status schema)."""
+
+    observedGeneration: int | None
+    ready: str
+    """``"<serving>/<selected>"``, the printer column READY."""
+    readyEndpoints: int
+    registeredEndpoints: int
+    conditions: list[Condition]
+    """Ready first, then EndpointsResolved and Registered."""
+    endpoints: list[EndpointStatus]
+    routers: list[RouterStatus]
+    lastError: str | None
+    """None, not "": in a merge patch null removes the field, and the API server reads "" as null too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +76,14 @@ class Observed:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    type: str  # Normal | Warning
+    type: Literal["Normal", "Warning"]
     reason: str
     message: str
 
 
 def _condition(ctype: str, ok: bool, reason: str, message: str, now: str, generation: int | None,
-               previous: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    status = "True" if ok else "False"
+               previous: Mapping[str, Mapping[str, Any]]) -> Condition:
+    status: ConditionStatus = "True" if ok else "False"
     old = previous.get(ctype) or {}
     changed = old.get("status") != status
     return {"type": ctype, "status": status, "reason": reason, "message": message,
@@ -46,10 +92,11 @@ def _condition(ctype: str, ok: bool, reason: str, message: str, now: str, genera
 
 
 def build_status(observed: Observed, *, generation: int | None, now: str,
-                 previous: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+                 previous: Mapping[str, Any] | None) -> tuple[SMGWorkerStatus, list[Event]]:
     """The new status, and the events for transitions (router unreachable / recovered, registration failures)."""
     previous = previous or {}
-    prev_conditions = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, dict)}
+    prev_conditions: dict[str, Mapping[str, Any]] = {c["type"]: c for c in previous.get("conditions") or []
+                                                     if isinstance(c, dict) and isinstance(c.get("type"), str)}
     workers = observed.desired.workers
     urls = {w.url for w in workers}
     replicas = observed.replicas
@@ -70,8 +117,8 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
         message = "; ".join(f"{r.pod} ({r.url}): {r.error}" for r in unreachable)
         registered = _condition("Registered", False, "RouterUnreachable", message, now, generation, prev_conditions)
     elif everywhere != urls:
-        errors = "; ".join(r.error for r in replicas if r.error) or "some endpoints are not registered yet"
-        registered = _condition("Registered", False, "RegistrationFailed", errors, now, generation, prev_conditions)
+        failures = "; ".join(r.error for r in replicas if r.error) or "some endpoints are not registered yet"
+        registered = _condition("Registered", False, "RegistrationFailed", failures, now, generation, prev_conditions)
     else:
         registered = _condition("Registered", True, "RegisteredOnAllReplicas",
                                 f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)",
@@ -83,23 +130,27 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
     errors = [registered["message"]] if registered["status"] == "False" and workers else []
     if observed.conflicts:
         errors.append("registered by someone else, left alone: " + ", ".join(observed.conflicts))
-    status = {
+    status: SMGWorkerStatus = {
         "observedGeneration": generation,
         "ready": f"{len(workers)}/{observed.desired.selected}",
         "readyEndpoints": len(workers),
         "registeredEndpoints": len(everywhere),
         "conditions": [ready, resolved, registered],
-        "endpoints": [{"url": w.url, **({"pod": w.pod} if w.pod else {}), "registered": w.url in everywhere}
-                      for w in workers],
+        "endpoints": [_endpoint(w, registered=w.url in everywhere) for w in workers],
         "routers": [{"pod": r.pod, "url": r.url, "reachable": r.reachable, "registered": len(r.registered & urls),
                      "lastSync": now} for r in replicas],
-        # None, not "": in a merge patch null removes the field, and the API server reads "" as null too
         "lastError": "; ".join(errors) or None,
     }
     return status, _events(prev_conditions.get("Registered"), registered)
 
 
-def _events(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[Event]:
+def _endpoint(worker: DesiredWorker, *, registered: bool) -> EndpointStatus:
+    if worker.pod:
+        return {"url": worker.url, "pod": worker.pod, "registered": registered}
+    return {"url": worker.url, "registered": registered}
+
+
+def _events(before: Mapping[str, Any] | None, after: Condition) -> list[Event]:
     was = (before or {}).get("reason")
     now_reason = after["reason"]
     if after["status"] == "False" and was != now_reason:
