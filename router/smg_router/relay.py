@@ -10,7 +10,7 @@ then aborted, so the worker stops generating.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -27,19 +27,32 @@ DROP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encodin
 
 async def relay(request: web.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard,
                 metrics: Metrics) -> web.StreamResponse:
-    """Pass the worker's answer through; the caller closes the guard."""
+    """Pass the worker's answer through; the caller closes the guard.
+
+    A timeout or a broken connection while reading the worker's side is the worker's failure; the reads
+    are awaited inline (no wrapper coroutine per chunk) because this loop runs for every chunk of every stream.
+    """
     worker = guard.worker
     try:
         headers = response_headers(upstream.headers, worker)
         if not (req.stream and upstream.headers.get("content-type", "").startswith("text/event-stream")):
-            body = await _read(upstream, guard)
+            try:
+                body = await upstream.read()
+            except (TimeoutError, OSError) as e:
+                raise _worker_failed(guard, e) from None
             guard.answered(upstream.status)
             return web.Response(status=upstream.status, body=body, headers=headers)
         out = web.StreamResponse(status=upstream.status, headers=headers)
         await out.prepare(request)
-        chunks = upstream.chunks()
+        chunks = aiter(upstream.chunks())
         first = True
-        while (chunk := await _next(chunks, guard)) is not None:
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except (TimeoutError, OSError) as e:
+                raise _worker_failed(guard, e) from None
             if first:
                 first = False
                 metrics.ttft_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
@@ -51,29 +64,12 @@ async def relay(request: web.Request, req: ProxyRequest, upstream: UpstreamRespo
         upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 
 
-async def _read(upstream: UpstreamResponse, guard: AttemptGuard) -> bytes:
-    try:
-        return await upstream.read()
-    except TimeoutError:
-        guard.failed()
-        raise UpstreamTimeout(f"worker {guard.worker.id} did not finish in time") from None
-    except OSError:
-        guard.failed()
-        raise
-
-
-async def _next(chunks: AsyncIterator[bytes], guard: AttemptGuard) -> bytes | None:
-    """The worker's next chunk, None at the end; a worker-side timeout or break is the worker's failure."""
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return None
-    except TimeoutError:
-        guard.failed()
-        raise UpstreamTimeout(f"worker {guard.worker.id} did not finish in time") from None
-    except OSError:
-        guard.failed()
-        raise
+def _worker_failed(guard: AttemptGuard, error: BaseException) -> BaseException:
+    """Count the worker's failure; a timeout becomes a 504, a broken connection propagates as it is."""
+    guard.failed()
+    if isinstance(error, TimeoutError):
+        return UpstreamTimeout(f"worker {guard.worker.id} did not finish in time")
+    return error
 
 
 def response_headers(upstream: Mapping[str, str], worker: Worker) -> dict[str, str]:
