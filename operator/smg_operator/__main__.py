@@ -62,7 +62,7 @@ async def run(settings: OperatorSettings) -> None:
                          settings.leader_election_namespace)
                 await lease.acquire()
                 keeper = asyncio.create_task(lease.keep(lost=stop), name="smg-operator-lease")
-            rt = Runtime(settings=settings, metrics=metrics,
+            rt = Runtime(settings=settings, metrics=metrics, kube=k8s,
                          routers=RouterClient(session=session, token=settings.admin_api_key, metrics=metrics,
                                               timeout=settings.router_timeout))
             log.info("smg-operator watching %s (reconcile every %gs, default router %s)",

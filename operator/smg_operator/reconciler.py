@@ -1,17 +1,25 @@
-"""One reconcile of one SMGWorker: desired set → every router replica's ``GET /workers`` → plan → calls.
+"""The reconcile of one SMGWorker: one pass, the loop that repeats it, and the finalizer's deregistration.
 
+A pass: desired set → every router replica's ``GET /workers`` → plan → calls → status and Events.
 Level-triggered: it compares what should be with what each replica reports, every time, and touches only
 workers this SMGWorker owns (by the owner-UID label), so a worker a person added by hand is left alone and
 a replica that restarted empty gets the whole set back.
+
+``handlers`` calls in here with what kopf hands it; nothing here imports kopf (or kubernetes): kopf's
+``DaemonStopped`` arrives as a ``Stopping``, the API writes go through ``Runtime.kube`` (``smg_operator.k8s``
+in production), and a deregistration that must be retried raises ``DeregistrationPending``, which the
+handler turns into ``kopf.TemporaryError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from smg_operator.desired import (
     Desired,
@@ -26,29 +34,178 @@ from smg_operator.desired import (
 from smg_operator.metrics import OperatorMetrics
 from smg_operator.routers import RouterCallError, RouterClient
 from smg_operator.settings import OperatorSettings
-from smg_operator.status import Observed, ReplicaResult
+from smg_operator.status import Observed, ReplicaResult, build_status, differs
 
 log = logging.getLogger(__name__)
+STATUS_REFRESH = 60.0
+"""Rewrite an unchanged status at most this often (keeps routers[].lastSync honest without a write per loop)."""
+
+Key = tuple[str, str]
+"""(namespace, name) of an SMGWorker."""
+PodIndex = Mapping[str, Iterable[PodInfo]]
+"""kopf's pod index: namespace → the pods there."""
+ServiceIndex = Mapping[Key, Iterable[Mapping[str, str]]]
+"""kopf's service index: (namespace, name) → the Service's selector (one)."""
+
+
+class Kube(Protocol):
+    """The Kubernetes side of a reconcile: ``smg_operator.k8s`` is the real one (a module fits the protocol)."""
+
+    def now_iso(self) -> str: ...
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
+
+    async def post_event(self, *, namespace: str, name: str, uid: str, type: str, reason: str,
+                         message: str) -> None: ...
+
+
+class Stopping(Protocol):
+    """What the loop needs of kopf's ``DaemonStopped``: true once the daemon must stop; ``wait()`` until then."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self) -> Awaitable[object]: ...
 
 
 @dataclass
 class Runtime:
-    """What the handlers share (kept in kopf's memo): settings, the router client, metrics, reconcile pokes."""
+    """What the handlers share (kept in kopf's memo): settings, the router client, metrics, the Kubernetes
+    writes, reconcile pokes."""
 
     settings: OperatorSettings
     routers: RouterClient
     metrics: OperatorMetrics
-    pokes: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    generations: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    kube: Kube
+    pokes: dict[Key, asyncio.Event] = field(default_factory=dict)
+    """One per running reconcile loop: set to wake it early.  A key is here exactly while its loop runs."""
+    generations: dict[Key, int | None] = field(default_factory=dict)
     """Last seen metadata.generation per SMGWorker: a spec change pokes, our own status writes do not."""
 
-    def poke(self, key: tuple[str, str] | None = None) -> None:
+    def poke(self, key: Key | None = None) -> None:
         """Wake one SMGWorker's reconcile loop (or all of them) now instead of at the next interval."""
         for k, event in self.pokes.items():
             if key is None or k == key:
                 event.set()
 
+    def generation_seen(self, key: Key, generation: int | None) -> None:
+        """An SMGWorker event: poke its loop if the spec changed (a new generation), not for our own status write."""
+        if self.generations.get(key) != generation:
+            self.generations[key] = generation
+            self.poke(key)
 
+
+class DeregistrationPending(Exception):
+    """Some replica still holds a deleted SMGWorker's workers (it could not be reached): retry after ``delay``."""
+
+    def __init__(self, message: str, *, delay: float) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def retry_delay(retry: int) -> float:
+    """Seconds before the finalizer's next try: 1, 2, 4, ... doubling, at most 30."""
+    return min(2.0 ** min(retry, 5), 30.0)
+
+
+def _pods(index: PodIndex) -> list[PodInfo]:
+    return [pod for store in index.values() for pod in store]
+
+
+def _services(index: ServiceIndex) -> dict[Key, Mapping[str, str] | None]:
+    return {key: next(iter(store), None) for key, store in index.items()}
+
+
+def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = body.get("metadata") or {}
+    return meta
+
+
+# -- the loop ------------------------------------------------------------------------------------------
+async def keep_registered(rt: Runtime, *, namespace: str, name: str, uid: str, body: Mapping[str, Any],
+                          stopped: Stopping, pods: PodIndex, services: ServiceIndex) -> None:
+    """The reconcile loop of one SMGWorker (its kopf daemon): a pass on every poke (pod, service or spec change)
+    and every ``reconcile_interval``, until the daemon is stopped or the SMGWorker is being deleted.
+
+    ``body``, ``pods`` and ``services`` are the live views kopf keeps current: every pass reads them afresh."""
+    key = (namespace, name)
+    poke = rt.pokes.setdefault(key, asyncio.Event())
+    last_write = 0.0
+    try:
+        while not stopped and not _meta(body).get("deletionTimestamp"):
+            poke.clear()
+            try:
+                last_write = await _reconcile_and_report(rt, namespace=namespace, name=name, uid=uid, body=body,
+                                                         pods=pods, services=services, last_write=last_write)
+            except Exception:  # one bad reconcile must not end the loop; the next one retries
+                rt.metrics.reconciles.labels("error").inc()
+                log.exception("reconcile of %s/%s failed", namespace, name)
+            await _wait_any(poke, stopped, interval=rt.settings.reconcile_interval)
+    finally:
+        rt.pokes.pop(key, None)
+
+
+async def _wait_any(poke: asyncio.Event, stopped: Stopping, *, interval: float) -> None:
+    waiters = [asyncio.ensure_future(poke.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waiters, return_exceptions=True)
+    if not stopped:  # a stopped daemon exits at once (kopf cancels one that does not exit within a few cycles)
+        await asyncio.sleep(0.05)  # coalesce a burst of pod events into one reconcile
+
+
+async def _reconcile_and_report(rt: Runtime, *, namespace: str, name: str, uid: str, body: Mapping[str, Any],
+                                pods: PodIndex, services: ServiceIndex, last_write: float) -> float:
+    """One pass, then the status write policy: write when something changed, or ``STATUS_REFRESH`` after the
+    last write; post the transition Events.  Returns the monotonic time of the last status write."""
+    observed = await reconcile(rt, namespace=namespace, name=name, uid=uid, spec=body.get("spec", {}),
+                               pods=_pods(pods), services=_services(services))
+    previous = body.get("status") or {}
+    status, events = build_status(observed, generation=_meta(body).get("generation"), now=rt.kube.now_iso(),
+                                  previous=previous)
+    ready = status["conditions"][0]["status"] == "True"
+    rt.metrics.reconciles.labels("ok" if ready else "degraded").inc()
+    rt.metrics.registered.labels(f"{namespace}/{name}").set(status["registeredEndpoints"])
+    if differs(status, previous) or time.monotonic() - last_write > STATUS_REFRESH:
+        if not await rt.kube.patch_status(namespace, name, status):
+            return last_write  # deleted meanwhile
+        last_write = time.monotonic()
+    for event in events:
+        await rt.kube.post_event(namespace=namespace, name=name, uid=uid, type=event.type, reason=event.reason,
+                                 message=event.message)
+    return last_write
+
+
+# -- the finalizer -------------------------------------------------------------------------------------
+async def finalize(rt: Runtime, *, namespace: str, name: str, uid: str, spec: Mapping[str, Any], retry: int,
+                   pods: PodIndex, services: ServiceIndex) -> None:
+    """Drain and remove this SMGWorker's workers from every replica before the resource goes away.
+
+    Raises ``DeregistrationPending`` while a replica cannot be reached (``retry`` counts the tries before
+    this one): a Warning Event on the first try and every tenth, and ``status.lastError`` say so."""
+    for _ in range(200):  # let the reconcile loop finish its last pass, so it cannot re-register behind us
+        if (namespace, name) not in rt.pokes:
+            break
+        await asyncio.sleep(0.05)
+    replicas, _problem = find_replicas(rt, namespace=namespace, spec=spec, pods=_pods(pods),
+                                       services=_services(services))
+    errors = await deregister_all(rt, replicas, uid=uid, drain=float(spec.get("drainTimeoutSeconds", 30)))
+    if errors:
+        message = "; ".join(errors)
+        if retry == 0 or retry % 10 == 0:
+            await rt.kube.post_event(namespace=namespace, name=name, uid=uid, type="Warning",
+                                     reason="RouterUnreachable", message=f"cannot deregister yet, retrying: {message}")
+        await rt.kube.patch_status(namespace, name, {"lastError": f"deregistration pending: {message}"})
+        raise DeregistrationPending(f"router unreachable; retrying: {message}", delay=retry_delay(retry))
+    rt.metrics.forget(f"{namespace}/{name}")
+    rt.generations.pop((namespace, name), None)
+    log.info("SMGWorker %s/%s deregistered from %d router replica(s)", namespace, name, len(replicas))
+
+
+# -- one pass ------------------------------------------------------------------------------------------
 def find_replicas(rt: Runtime, *, namespace: str, spec: Mapping[str, Any], pods: Iterable[PodInfo],
                   services: Mapping[tuple[str, str], Mapping[str, str] | None]
                   ) -> tuple[list[Replica], tuple[str, str] | None]:

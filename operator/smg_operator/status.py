@@ -158,3 +158,16 @@ def _events(before: Mapping[str, Any] | None, after: Condition) -> list[Event]:
     if after["status"] == "True" and before is not None and before.get("status") == "False":
         return [Event("Normal", "Recovered", f"registered again after {was}: {after['message']}")]
     return []
+
+
+def differs(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Whether writing ``new`` over ``old`` changes more than the sync times (``routers[].lastSync`` and the
+    conditions' ``lastTransitionTime``); a null field counts as an absent one, as in a merge patch."""
+    return _without_sync_times(new) != _without_sync_times(old)
+
+
+def _without_sync_times(status: Mapping[str, Any]) -> dict[str, Any]:
+    s = {k: v for k, v in status.items() if v is not None}
+    s["routers"] = [{k: v for k, v in r.items() if k != "lastSync"} for r in s.get("routers") or []]
+    s["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in s.get("conditions") or []]
+    return s

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from smg_operator.desired import Desired, DesiredWorker
-from smg_operator.status import Observed, ReplicaResult, build_status
+from smg_operator.status import Observed, ReplicaResult, build_status, differs
 
 W = [DesiredWorker(url=f"http://127.0.0.{i}:8000", role="regular", model_id="m", bootstrap_port=None, labels={},
                    owner="o", pod=f"p{i}") for i in (2, 3)]
@@ -49,3 +49,16 @@ def test_no_pods_and_no_router() -> None:
                                   "EndpointsResolved": ("False", "NoMatchingPods"),
                                   "Registered": ("False", "RouterServiceNotFound")}
     assert [e.reason for e in events] == ["RouterServiceNotFound"]
+
+
+def test_a_status_differs_only_by_more_than_its_sync_times() -> None:
+    obs = Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", True, URLS)])
+    first, _ = build_status(obs, generation=1, now="T1", previous=None)
+    later, _ = build_status(obs, generation=1, now="T2", previous=None)  # new lastSync and lastTransitionTime
+    assert later["routers"][0]["lastSync"] == "T2" and later["conditions"][0]["lastTransitionTime"] == "T2"
+    assert not differs(later, first)
+    assert not differs(first, {k: v for k, v in first.items() if k != "lastError"})  # null == absent
+    assert differs({**first, "registeredEndpoints": 1}, first)
+    unreachable, _ = build_status(Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", False)]),
+                                  generation=1, now="T1", previous=None)
+    assert differs(unreachable, first)

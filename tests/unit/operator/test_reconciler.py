@@ -1,0 +1,176 @@
+"""The reconcile loop and the finalizer without kopf or an API server: a fake ``Kube``, a fake ``DaemonStopped``,
+and real router calls (to a closed port, for an unreachable replica)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+from smg_operator.desired import PodInfo
+from smg_operator.metrics import OperatorMetrics
+from smg_operator.reconciler import DeregistrationPending, Runtime, finalize, keep_registered, retry_delay
+from smg_operator.routers import RouterClient
+from smg_operator.settings import OperatorSettings
+
+NS, NAME, UID = "ns", "llama", "uid-1"
+SERVICE = {(NS, "smg-router"): [{"app": "router"}]}
+SPEC = {"role": "regular", "model": "m", "selector": {"matchLabels": {"pool": "llama"}}, "port": 8000,
+        "drainTimeoutSeconds": 1, "router": {"service": "smg-router"}}
+
+
+class FakeKube:
+    """Records every write; a status patch lands in ``body`` as kopf's live view of the object would show it."""
+
+    def __init__(self, body: dict[str, Any] | None = None) -> None:
+        self.body = body
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+
+    def now_iso(self) -> str:
+        return "2026-01-01T00:00:00Z"
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        self.patches.append(dict(status))
+        if self.body is not None:
+            self.body["status"] = {**(self.body.get("status") or {}), **status}
+        return True
+
+    async def post_event(self, *, namespace: str, name: str, uid: str, type: str, reason: str, message: str) -> None:
+        self.events.append((type, reason, message))
+
+
+class FakeStopped:
+    """kopf's DaemonStopped as the loop uses it: false until set, and ``wait()`` for it."""
+
+    def __init__(self) -> None:
+        self._flag = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self._flag.is_set()
+
+    def wait(self) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self._flag.wait())
+
+    def set(self) -> None:
+        self._flag.set()
+
+
+def closed_port() -> int:
+    """A port nothing listens on: calls to it are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def router_pod(ip: str = "127.0.0.1") -> PodInfo:
+    return PodInfo(namespace=NS, name="router-0", uid="r0", labels={"app": "router"}, annotations={}, ip=ip,
+                   running=True, ready=True, terminating=False)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def runtime(session: aiohttp.ClientSession, kube: FakeKube, **settings: Any) -> Runtime:
+    metrics = OperatorMetrics()
+    return Runtime(settings=OperatorSettings(**settings), metrics=metrics, kube=kube,
+                   routers=RouterClient(session=session, token=None, metrics=metrics, timeout=2.0))
+
+
+def reconciles(rt: Runtime, result: str) -> float:
+    return rt.metrics.registry.get_sample_value("smg_operator_reconcile_total", {"result": result}) or 0.0
+
+
+async def until(predicate: Callable[[], bool], *, what: str) -> None:
+    """Poll ``predicate`` (a generous 30 s bound: a loaded machine is slow, the loop is not what is timed)."""
+    try:
+        async with asyncio.timeout(30):
+            while not predicate():  # noqa: ASYNC110 - polls state the code under test keeps (a metric)
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+# -- the finalizer -------------------------------------------------------------------------------------
+def test_the_finalizer_retry_delay_doubles_from_one_second_up_to_thirty() -> None:
+    assert [retry_delay(r) for r in range(8)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+async def test_the_finalizer_keeps_retrying_while_a_replica_is_unreachable_and_warns_on_the_first_and_every_tenth(
+        session: aiohttp.ClientSession) -> None:
+    kube = FakeKube()
+    rt = runtime(session, kube, router_port=closed_port())
+    rt.generations[(NS, NAME)] = 1
+    delays = []
+    for retry in range(12):
+        with pytest.raises(DeregistrationPending, match="router unreachable; retrying: router-0: ") as pending:
+            await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, retry=retry, pods={NS: [router_pod()]},
+                           services=SERVICE)
+        delays.append(pending.value.delay)
+    assert delays == [retry_delay(r) for r in range(12)]
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "RouterUnreachable")] * 2  # retries 0 and 10
+    assert all(m.startswith("cannot deregister yet, retrying: router-0: ") for _, _, m in kube.events)
+    assert len(kube.patches) == 12
+    assert all(p["lastError"].startswith("deregistration pending: router-0: ") for p in kube.patches)
+    assert rt.generations == {(NS, NAME): 1}  # not forgotten while it is pending
+
+
+async def test_the_finalizer_forgets_the_smgworker_once_no_replica_holds_its_workers(
+        session: aiohttp.ClientSession) -> None:
+    kube = FakeKube()
+    rt = runtime(session, kube)
+    rt.generations[(NS, NAME)] = 1
+    rt.metrics.registered.labels(f"{NS}/{NAME}").set(2)
+    await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, retry=0, pods={}, services=SERVICE)
+    assert rt.generations == {}
+    assert rt.metrics.registry.get_sample_value("smg_operator_registered_workers", {"smgworker": f"{NS}/{NAME}"}) \
+        is None
+    assert kube.patches == [] and kube.events == []
+
+
+# -- the loop ------------------------------------------------------------------------------------------
+def test_a_new_generation_pokes_the_loop_and_our_own_status_write_does_not(session: aiohttp.ClientSession) -> None:
+    rt = runtime(session, FakeKube())
+    poke = rt.pokes[(NS, NAME)] = asyncio.Event()
+    rt.generation_seen((NS, NAME), 1)
+    assert poke.is_set()
+    poke.clear()
+    rt.generation_seen((NS, NAME), 1)  # the event our status patch causes: same generation
+    assert not poke.is_set()
+    rt.generation_seen((NS, NAME), 2)
+    assert poke.is_set()
+
+
+async def test_the_loop_writes_an_unchanged_status_once_and_stops_when_the_daemon_is_stopped(
+        session: aiohttp.ClientSession) -> None:
+    body: dict[str, Any] = {"metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": 1}, "spec": SPEC}
+    kube = FakeKube(body)
+    rt = runtime(session, kube, reconcile_interval=0.01)
+    stopped = FakeStopped()
+    loop = asyncio.create_task(keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=stopped,
+                                               pods={}, services={}), name="test-reconcile-loop")
+    await until(lambda: reconciles(rt, "degraded") >= 5, what="five reconcile passes")
+    assert (NS, NAME) in rt.pokes
+    stopped.set()
+    await asyncio.wait_for(loop, timeout=30)
+    assert (NS, NAME) not in rt.pokes
+    assert len(kube.patches) == 1  # the first pass wrote it; the same status again is not rewritten
+    assert body["status"]["conditions"][2]["reason"] == "RouterServiceNotFound"
+    assert [(t, r) for t, r, _ in kube.events] == [("Warning", "RouterServiceNotFound")]  # once, on the transition
+    assert reconciles(rt, "error") == 0
+
+
+async def test_the_loop_of_an_smgworker_being_deleted_ends_without_a_pass(session: aiohttp.ClientSession) -> None:
+    body: dict[str, Any] = {"metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": 2,
+                                         "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": SPEC}
+    kube = FakeKube(body)
+    rt = runtime(session, kube)
+    await asyncio.wait_for(keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=FakeStopped(),
+                                           pods={}, services={}), timeout=30)
+    assert rt.pokes == {} and kube.patches == [] and reconciles(rt, "degraded") == 0
