@@ -1,34 +1,68 @@
-"""``smg-router``: parse settings, configure logging and uvloop, serve until SIGINT/SIGTERM."""
+"""``smg-router``: parse settings, configure logging and uvloop, serve until SIGTERM/SIGINT, then shut down gracefully.
+
+Graceful shutdown, as Kubernetes needs it (the pod leaves the Service endpoints at about the time SIGTERM
+arrives, and not at once everywhere):
+1. ``/readiness`` answers 503 at once; requests are still served for ``--shutdown-delay`` seconds.
+2. The listening socket closes; in-flight requests and streams get ``--shutdown-timeout`` seconds to finish.
+3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
+   background tasks cancelled) and the process exits 0.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
 
 from smg_router.app import build_app
+from smg_router.core import ROUTER, RouterCore
 from smg_router.settings import Settings, parse_settings
 
 log = logging.getLogger("smg_router")
+STREAM_END_GRACE = 2.0
+"""Seconds the streams ended at the shutdown deadline get to write their last events."""
 
 
 async def serve(settings: Settings) -> None:
     app = build_app(settings)
     # handler_cancellation: a client that goes away cancels its handler, which aborts the upstream request.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
+                           shutdown_timeout=STREAM_END_GRACE)
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True, backlog=1024)
     await site.start()
     log.info("smg-router serving on http://%s:%d (policy %s, %d worker(s) from the command line)",
              settings.server.host, settings.server.port, settings.policy.name, len(settings.worker_urls))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
+        await _drain(app[ROUTER], site, settings)
     finally:
         await runner.cleanup()
+
+
+async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> None:
+    s = settings.server
+    core.shutting_down = True
+    inflight = core.proxy.inflight
+    log.info("shutting down: not ready; serving %.1f s more, then up to %.1f s for %d request(s) in flight",
+             s.shutdown_delay, s.shutdown_timeout, len(inflight))
+    await asyncio.sleep(s.shutdown_delay)
+    await site.stop()  # no new connections; open ones keep being served
+    if not await inflight.wait_idle(s.shutdown_timeout):
+        ended = inflight.end_streams()
+        log.warning("shutdown timeout: ending %d stream(s) with an error event; %d request(s) left",
+                    ended, len(inflight))
+        await inflight.wait_idle(STREAM_END_GRACE)
+    log.info("shut down (%d request(s) left)", len(inflight))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -45,11 +45,15 @@ class RouterCore:
         self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
                            metrics=self.metrics, retry=settings.retry, pd_mode=settings.pd.enabled)
         self._tasks: list[asyncio.Task[None]] = []
+        self.shutting_down = False
+        """Set on SIGTERM: readiness answers 503 while the router serves on (``__main__.serve``)."""
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker."""
         routable = [w for w in self.registry if w.routable]
         detail: dict[str, Any] = {"workers": len(self.registry), "routable": len(routable)}
+        if self.shutting_down:
+            return False, {"status": "shutting_down", **detail}
         if not self.settings.pd.enabled:
             return bool(routable), detail
         by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}

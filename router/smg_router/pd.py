@@ -24,7 +24,7 @@ from aiohttp import web
 from smg_router.attempt import AttemptGuard, Attempts
 from smg_router.errors import BadRequest, UpstreamError
 from smg_router.metrics import Metrics
-from smg_router.relay import relay
+from smg_router.relay import Relay
 from smg_router.request import ProxyRequest
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 from smg_router.workers.worker import Worker
@@ -67,9 +67,10 @@ def with_bootstrap(endpoint: str, body: dict[str, Any], prefill: Worker) -> byte
 class PDDispatcher:
     """Sends one request to a prefill and a decode worker at once; ``Proxy`` hands it PD-mode requests."""
 
-    def __init__(self, *, attempts: Attempts, upstream: Upstream, metrics: Metrics) -> None:
+    def __init__(self, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics) -> None:
         self._attempts = attempts
         self._upstream = upstream
+        self._relay = relay
         self._metrics = metrics
 
     async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
@@ -84,7 +85,7 @@ class PDDispatcher:
                     outcome = "prefill_failed"
                     raise error
                 decode_resp = await decode_leg  # raises the decode leg's UpstreamError
-                response = await relay(request, req, decode_resp, decode, self._metrics)
+                response = await self._relay.relay(request, req, decode_resp, decode)
                 outcome = "success"
                 return response
             except UpstreamError as e:

@@ -19,10 +19,11 @@ from aiohttp import web
 
 from smg_router.attempt import Attempts, is_retryable
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
+from smg_router.inflight import InflightRequests
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher
 from smg_router.policies.registry import PolicyRegistry
-from smg_router.relay import relay
+from smg_router.relay import Relay
 from smg_router.request import ProxyRequest
 from smg_router.settings import RetrySettings
 from smg_router.upstream import Upstream, UpstreamConnectError
@@ -38,14 +39,18 @@ class Proxy:
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
+        self.inflight = InflightRequests()
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
-        self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, metrics=metrics) if pd_mode else None
+        self._relay = Relay(metrics=metrics, inflight=self.inflight)
+        self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self._relay,
+                                metrics=metrics) if pd_mode else None
 
     async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""
         req.model = self.resolve_model(req.requested_model)
         req.started = time.perf_counter()
         status = 500
+        self.inflight.enter()
         try:
             if self._pd is not None:
                 response = await self._pd.forward(request, req)
@@ -60,6 +65,7 @@ class Proxy:
             status = getattr(e, "status", 500)  # RouterError and HTTPException carry theirs; for the metric only
             raise
         finally:
+            self.inflight.exit()
             m = self._metrics
             m.requests.labels(req.endpoint, req.model, str(status)).inc()
             m.request_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
@@ -111,7 +117,7 @@ class Proxy:
                     last_error = UpstreamError(f"worker answered {upstream.status}")
                     log.warning("worker %s answered %d; retrying elsewhere", worker.url, upstream.status)
                     continue
-                return await relay(request, req, upstream, guard, self._metrics)
+                return await self._relay.relay(request, req, upstream, guard)
         if isinstance(last_error, TimeoutError):
             raise UpstreamTimeout(f"no worker answered in time after {len(tried)} attempt(s)")
         raise UpstreamError(f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",

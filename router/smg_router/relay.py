@@ -3,19 +3,25 @@
 A non-streaming answer is read whole and returned; an SSE answer to a streaming request is passed
 through chunk by chunk as it arrives, waiting while the client is slow (backpressure).  The attempt's
 guard learns the outcome: the status once the body is complete, or a failure when the worker's side
-times out or breaks off.  A client that goes away cancels the handler; the connection to the worker is
-then aborted, so the worker stops generating.
+times out or breaks off.  A stream that fails after its first byte ends with an OpenAI-shaped error event
+and ``data: [DONE]`` (never a second response, never a cut chunked encoding); a non-streaming answer the
+worker breaks off becomes a 502.  A client that goes away cancels the handler; the connection to the
+worker is then aborted, so the worker stops generating.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 
+import orjson
 from aiohttp import web
 
 from smg_router.attempt import AttemptGuard
-from smg_router.errors import UpstreamTimeout
+from smg_router.errors import UpstreamError, UpstreamTimeout
+from smg_router.inflight import InflightRequests
 from smg_router.metrics import Metrics
 from smg_router.request import ProxyRequest
 from smg_router.upstream.base import UpstreamResponse
@@ -25,51 +31,83 @@ DROP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encodin
                                    "server", "proxy-connection", "upgrade", "te", "trailer"})
 
 
-async def relay(request: web.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard,
-                metrics: Metrics) -> web.StreamResponse:
-    """Pass the worker's answer through; the caller closes the guard.
+class Relay:
+    def __init__(self, *, metrics: Metrics, inflight: InflightRequests) -> None:
+        self._metrics = metrics
+        self._inflight = inflight
 
-    A timeout or a broken connection while reading the worker's side is the worker's failure; the reads
-    are awaited inline (no wrapper coroutine per chunk) because this loop runs for every chunk of every stream.
-    """
-    worker = guard.worker
-    try:
-        headers = response_headers(upstream.headers, worker)
-        if not (req.stream and upstream.headers.get("content-type", "").startswith("text/event-stream")):
+    async def relay(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
+                    guard: AttemptGuard) -> web.StreamResponse:
+        """Pass the worker's answer through; the caller closes the guard."""
+        try:
+            headers = response_headers(upstream.headers, guard.worker)
+            if req.stream and upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                return await self._stream(request, req, upstream, guard, headers)
             try:
                 body = await upstream.read()
-            except (TimeoutError, OSError) as e:
-                raise _worker_failed(guard, e) from None
+            except TimeoutError:
+                guard.failed()
+                raise UpstreamTimeout(f"worker {guard.worker.id} did not finish in time") from None
+            except OSError as e:
+                guard.failed()
+                raise UpstreamError(f"worker {guard.worker.id} broke off its answer: {e}",
+                                    code="upstream_disconnected") from None
             guard.answered(upstream.status)
             return web.Response(status=upstream.status, body=body, headers=headers)
+        finally:
+            upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
+
+    async def _stream(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
+                      guard: AttemptGuard, headers: dict[str, str]) -> web.StreamResponse:
+        """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
         out = web.StreamResponse(status=upstream.status, headers=headers)
         await out.prepare(request)
-        chunks = aiter(upstream.chunks())
-        first = True
-        while True:
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except (TimeoutError, OSError) as e:
-                raise _worker_failed(guard, e) from None
-            if first:
-                first = False
-                metrics.ttft_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
-            await out.write(chunk)  # waits while the client is slow: backpressure
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.stream_started(task)
+        try:
+            chunks = aiter(upstream.chunks())
+            first = True
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    guard.failed()
+                    await _end_with_error(out, "the worker did not finish in time", type="upstream_timeout",
+                                          code="upstream_timeout")
+                    return out
+                except OSError as e:
+                    guard.failed()
+                    await _end_with_error(out, f"the worker broke off the stream: {e}", type="upstream_error",
+                                          code="upstream_disconnected")
+                    return out
+                if first:
+                    first = False
+                    ttft = time.perf_counter() - req.started
+                    self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
+                await out.write(chunk)  # waits while the client is slow: backpressure
+        except asyncio.CancelledError:
+            if not self._inflight.closing:
+                raise  # the client went away
+            task.uncancel()
+            await _end_with_error(out, "the router is shutting down; retry the request", type="service_unavailable",
+                                  code="router_shutting_down")
+            return out
+        finally:
+            self._inflight.stream_ended(task)
         await out.write_eof()
         guard.answered(upstream.status)
         return out
-    finally:
-        upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 
 
-def _worker_failed(guard: AttemptGuard, error: BaseException) -> BaseException:
-    """Count the worker's failure; a timeout becomes a 504, a broken connection propagates as it is."""
-    guard.failed()
-    if isinstance(error, TimeoutError):
-        return UpstreamTimeout(f"worker {guard.worker.id} did not finish in time")
-    return error
+async def _end_with_error(out: web.StreamResponse, message: str, *, type: str, code: str) -> None:
+    """The last events of a stream that cannot go on: an OpenAI-shaped error, then [DONE]."""
+    event = orjson.dumps({"error": {"message": message, "type": type, "code": code}})
+    with contextlib.suppress(ConnectionError):  # the client may be gone too
+        await out.write(b"data: " + event + b"\n\ndata: [DONE]\n\n")
+        await out.write_eof()
 
 
 def response_headers(upstream: Mapping[str, str], worker: Worker) -> dict[str, str]:

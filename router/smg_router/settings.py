@@ -93,6 +93,10 @@ class ServerSettings:
     connect_timeout: float = 5.0
     drain_timeout: float = 30.0
     """How long DELETE /workers/{id} waits for the worker's in-flight requests to finish."""
+    shutdown_delay: float = 5.0
+    """After SIGTERM: seconds of serving on (readiness already 503) while the endpoints drop the pod."""
+    shutdown_timeout: float = 30.0
+    """Then: seconds in-flight requests and streams get to finish before what is left is ended."""
     admin_api_key: str | None = None
     """Bearer token the lifecycle API requires for mutations; None leaves it open."""
     log_level: str = "info"
@@ -171,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-payload-size", s.max_payload_size, type=int, help="largest request body in bytes")
     add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
     add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
+    add("--shutdown-delay", s.shutdown_delay, type=float,
+        help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)")
+    add("--shutdown-timeout", s.shutdown_timeout, type=float,
+        help="then seconds for in-flight requests and streams to finish before the rest are ended")
     add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
     add("--log-level", s.log_level, help="debug, info, warning, error")
     return p
@@ -195,6 +203,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
+    if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
+        parser.error("--shutdown-delay and --shutdown-timeout must not be negative")
     for flag in ("policy", "prefill_policy", "decode_policy"):
         value = getattr(a, flag)
         if value is not None:
@@ -227,6 +237,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         server=ServerSettings(
             host=a.host, port=a.port, max_payload_size=a.max_payload_size,
             request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,
+            shutdown_delay=a.shutdown_delay, shutdown_timeout=a.shutdown_timeout,
             admin_api_key=a.admin_api_key or None, log_level=a.log_level,
         ),
         policy=PolicySettings(
