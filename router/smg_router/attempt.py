@@ -44,7 +44,7 @@ class Outcome(Enum):
 class AttemptGuard:
     """In-flight, processed and breaker outcome of one attempt.  Use as ``with``; it closes exactly once."""
 
-    __slots__ = ("_closed", "_metrics", "_outcome", "_registry", "worker")
+    __slots__ = ("_closed", "_metrics", "_outcome", "_registry", "_trial", "worker")
 
     def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics) -> None:
         self.worker = worker
@@ -54,6 +54,7 @@ class AttemptGuard:
         self._closed = False
         worker.inflight += 1
         worker.processed += 1
+        self._trial = worker.breaker.acquire()
         self._publish()
 
     def answered(self, status: int) -> None:
@@ -77,6 +78,8 @@ class AttemptGuard:
             self.worker.breaker.record_success()
         elif self._outcome is Outcome.FAILURE:
             self.worker.breaker.record_failure()
+        elif self._trial:
+            self.worker.breaker.release()
 
     def __enter__(self) -> AttemptGuard:
         return self

@@ -20,11 +20,13 @@ class BreakerState(StrEnum):
 class CircuitBreaker:
     """Counts consecutive failures of real requests; an open breaker makes the worker unroutable.
 
-    After ``cooldown`` seconds an open breaker reads as half-open: the worker is routable again, and the
-    next outcome closes it (success) or opens it for another cooldown (failure).
+    After ``cooldown`` seconds an open breaker reads as half-open: it admits exactly one trial request (the
+    attempt that ``acquire``s it; the worker is unroutable again while the trial runs), whose outcome closes
+    it (success) or opens it for another cooldown (failure).  A trial that ends with no outcome (the client
+    left, a 429) is ``release``d and the next request becomes the trial.
     """
 
-    __slots__ = ("_clock", "_failures", "_opened_at", "cooldown", "failure_threshold")
+    __slots__ = ("_clock", "_failures", "_opened_at", "_trial", "cooldown", "failure_threshold")
 
     def __init__(self, *, failure_threshold: int, cooldown: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -33,6 +35,7 @@ class CircuitBreaker:
         self._clock = clock
         self._failures = 0
         self._opened_at: float | None = None
+        self._trial = False
 
     @property
     def state(self) -> BreakerState:
@@ -43,14 +46,29 @@ class CircuitBreaker:
         return BreakerState.OPEN
 
     def allows(self) -> bool:
-        return self._opened_at is None or self._clock() - self._opened_at >= self.cooldown
+        """Closed, or half-open with no trial running."""
+        if self._opened_at is None:
+            return True
+        return not self._trial and self._clock() - self._opened_at >= self.cooldown
+
+    def acquire(self) -> bool:
+        """An attempt starts; whether it is the half-open breaker's one trial."""
+        if self._opened_at is None or self._trial:
+            return False
+        self._trial = True
+        return True
+
+    def release(self) -> None:
+        """The trial ended without an outcome: a half-open breaker admits the next one."""
+        self._trial = False
 
     def record_success(self) -> None:
         self._failures = 0
         self._opened_at = None
+        self._trial = False
 
     def record_failure(self) -> None:
         self._failures += 1
-        half_open = self._opened_at is not None
-        if half_open or self._failures >= self.failure_threshold:
+        if self._opened_at is not None or self._failures >= self.failure_threshold:
             self._opened_at = self._clock()
+        self._trial = False

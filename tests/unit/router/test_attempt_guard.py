@@ -66,3 +66,26 @@ def test_a_removed_worker_gets_no_inflight_series_back() -> None:
 def test_retry_and_failure_rules() -> None:
     assert [s for s in (200, 400, 404, 429, 500, 502, 503) if is_worker_failure(s)] == [500, 502, 503]
     assert [s for s in (200, 400, 404, 429, 500, 502, 503) if is_retryable(s)] == [429, 500, 502, 503]
+
+
+def test_a_half_open_worker_takes_one_trial_and_an_outcome_less_end_frees_it() -> None:
+    worker, registry, metrics = _setup()
+    clock = [0.0]
+    worker.breaker._clock = lambda: clock[0]  # type: ignore[attr-defined]
+    for _ in range(3):
+        worker.breaker.record_failure()
+    clock[0] = 100.0
+    assert worker.routable
+    with AttemptGuard(worker, registry=registry, metrics=metrics):
+        assert not worker.routable  # the trial is running
+        with AttemptGuard(worker, registry=registry, metrics=metrics):  # an attempt that began before
+            pass  # ends without an outcome: must not free the trial it does not hold
+        assert not worker.routable
+    assert worker.routable  # the trial ended without an outcome: the next request may try
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as trial:
+        trial.answered(500)
+    assert not worker.routable  # re-opened for another cooldown
+    clock[0] = 200.0
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as trial:
+        trial.answered(200)
+    assert worker.routable and worker.breaker.state == "closed"

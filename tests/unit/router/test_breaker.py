@@ -65,3 +65,25 @@ def test_a_failed_trial_in_half_open_opens_it_for_another_cooldown() -> None:
     assert b.state is BreakerState.OPEN
     clock.now += 1.0
     assert b.state is BreakerState.HALF_OPEN
+
+
+def test_half_open_admits_exactly_one_trial_at_a_time() -> None:
+    clock = Clock()
+    b = _breaker(clock)
+    for _ in range(3):
+        b.record_failure()
+    clock.now += 10.0
+    assert b.allows()
+    assert b.acquire() is True  # the trial
+    assert not b.allows() and b.state is BreakerState.HALF_OPEN  # nobody else while it runs
+    assert b.acquire() is False
+    b.release()  # the trial ended without an outcome (client left, 429): the next request may try
+    assert b.allows()
+    assert b.acquire() is True
+    b.record_success()
+    assert b.state is BreakerState.CLOSED and b.allows() and b.acquire() is False
+
+
+def test_a_closed_breaker_hands_out_no_trial() -> None:
+    b = _breaker(Clock())
+    assert b.acquire() is False and b.allows()

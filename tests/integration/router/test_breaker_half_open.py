@@ -1,0 +1,100 @@
+"""A worker answering 500: its breaker opens, half-open admits exactly one trial, the trial's outcome decides."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from support.procs import MODEL, Router, start_router, start_sim, wait_until
+
+
+class FlakyWorker:
+    """An in-process worker that counts completions and answers them 500 (slowly) or 200 as told."""
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.hits = 0
+
+    async def completions(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.hits += 1
+        if self.failing:
+            await asyncio.sleep(0.5)  # the trial stays in flight while other requests arrive
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        return web.json_response({"id": "x", "object": "text_completion", "model": MODEL,
+                                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
+
+    @contextlib.asynccontextmanager
+    async def serving(self, host: str) -> AsyncIterator[str]:
+        async def health(_: web.Request) -> web.Response:
+            return web.json_response({})
+
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": MODEL}]})
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", self.completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            await runner.cleanup()
+
+
+def _breaker(router: Router, url: str) -> str:
+    return next(w["breaker"] for w in router.workers() if w["url"] == url)
+
+
+async def _post_all(router: Router, n: int) -> list[int]:
+    async with aiohttp.ClientSession() as s:
+
+        async def one(i: int) -> int:
+            body = {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1}
+            async with s.post(router.url + "/v1/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+async def test_half_open_admits_exactly_one_trial_and_its_outcome_decides(logs: Path) -> None:
+    flaky = FlakyWorker()
+    good = start_sim(logs)
+    async with flaky.serving("127.0.0.93") as bad_url:
+        r = start_router(logs, workers=[good.url, bad_url],
+                         args=["--policy", "round_robin", "--breaker-failure-threshold", "2",
+                               "--breaker-cooldown", "1", "--max-retries", "1"])
+        try:
+            await asyncio.to_thread(r.wait_routable, 2)
+            for _ in range(10):  # failures are retried on the good worker
+                assert await _post_all(r, 2) == [200, 200]
+                if _breaker(r, bad_url) == "open":
+                    break
+            assert _breaker(r, bad_url) == "open"
+            await asyncio.to_thread(wait_until, lambda: _breaker(r, bad_url) == "half_open",
+                                    what="the cooldown to pass")
+            flaky.hits = 0
+            assert await _post_all(r, 10) == [200] * 10
+            assert flaky.hits == 1  # one trial; the other nine went to the good worker while it ran
+            assert _breaker(r, bad_url) == "open"  # the failed trial re-opened it
+
+            flaky.failing = False
+            await asyncio.to_thread(wait_until, lambda: _breaker(r, bad_url) == "half_open",
+                                    what="the second cooldown to pass")
+            flaky.hits = 0
+            assert await _post_all(r, 4) == [200] * 4
+            assert flaky.hits >= 1
+            assert _breaker(r, bad_url) == "closed"  # the good trial closed it
+        finally:
+            r.stop()
+            good.stop()
