@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,9 @@ from smg_router.workers.worker import Worker, WorkerStatus
 
 log = logging.getLogger(__name__)
 
+MAX_BACKLOG = 10**9
+"""More running + waiting requests than any engine holds: a report above it is garbage, not a load to route on."""
+
 # Prometheus gauges whose sum is a worker's running + waiting requests.
 BACKLOG_GAUGES = frozenset({
     "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang_num_running_reqs", "sglang_num_queue_reqs",
@@ -32,24 +36,43 @@ BACKLOG_GAUGES = frozenset({
 })
 
 
+def _count(value: object, what: str) -> float:
+    """A request count as a worker reported it, or ValueError: NaN, ±Inf, negative and absurd counts are refused.
+
+    Refused rather than clamped: a worker that reports garbage is broken, and a clamped figure would route on it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} is not a number: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what} is not finite: {value!r}")
+    if not 0 <= value <= MAX_BACKLOG:
+        raise ValueError(f"{what} out of range 0..{MAX_BACKLOG}: {value!r}")
+    return value
+
+
+def _backlog(total: float) -> int:
+    if total > MAX_BACKLOG:
+        raise ValueError(f"backlog {total!r} over {MAX_BACKLOG}")
+    return int(total)
+
+
 def parse_loads(body: bytes) -> int:
-    """Sum running + waiting over the ranks of an SGLang ``/v1/loads`` answer; ValueError if it is not one."""
-    data = orjson.loads(body)
+    """Sum running + waiting over the ranks of an SGLang ``/v1/loads`` answer; ValueError if it is not a sane one."""
+    data = orjson.loads(body)  # NaN, Infinity and numbers that overflow a double are JSONDecodeError (ValueError)
     if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
         raise ValueError("not a /v1/loads document")
-    total = 0  # Python ints do not overflow; negative or non-integer counters count as 0
+    total = 0.0  # each term is at most MAX_BACKLOG, so the sum is exact in a double well past the bound
     for rank in data["loads"]:
         if not isinstance(rank, dict):
             raise ValueError("malformed rank entry")
         for key in ("num_running_reqs", "num_waiting_reqs"):
-            value = rank.get(key, 0)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                total += int(value)
-    return total
+            if key in rank:  # an engine that omits a counter has none of those requests
+                total += _count(rank[key], key)
+    return _backlog(total)
 
 
 def parse_metrics(text: str) -> int:
-    """Sum the backlog gauges of a Prometheus exposition; ValueError if none is present."""
+    """Sum the backlog gauges of a Prometheus exposition; ValueError if none is present or one is not sane."""
     total = 0.0
     seen = False
     for line in text.splitlines():
@@ -63,17 +86,13 @@ def parse_metrics(text: str) -> int:
             name, _, rest = line.partition(" ")
         if name in BACKLOG_GAUGES:
             fields = rest.split()
-            if fields:
-                try:
-                    value = float(fields[0])
-                except ValueError:
-                    continue
-                seen = True
-                if value > 0:
-                    total += value
+            if not fields:
+                raise ValueError(f"{name} has no value")
+            total += _count(float(fields[0]), name)  # float() of a non-number is ValueError too
+            seen = True
     if not seen:
         raise ValueError("no backlog gauges in /metrics")
-    return int(total)
+    return _backlog(total)
 
 
 class LoadMonitor:

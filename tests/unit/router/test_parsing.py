@@ -39,12 +39,17 @@ def test_bad_bodies_name_the_problem(kind: str, raw: bytes, words: str) -> None:
         parse_request(kind, raw)
 
 
-def test_parse_loads_sums_ranks_and_ignores_garbage() -> None:
+def test_parse_loads_sums_ranks_and_refuses_garbage() -> None:
     body = (b'{"timestamp": "2026-11-30T10:00:00Z", "dp_rank_count": 2, "loads": ['
             b'{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
-            b'{"dp_rank": 1, "num_running_reqs": 9223372036854775807, "num_waiting_reqs": 9223372036854775807}]}')
-    assert parse_loads(body) == 7 + 2 * 9223372036854775807  # no overflow
-    assert parse_loads(b'{"loads": [{"num_running_reqs": -5, "num_waiting_reqs": true}]}') == 0
+            b'{"dp_rank": 1, "num_running_reqs": 499999996, "num_waiting_reqs": 499999997}]}')
+    assert parse_loads(body) == 10**9  # exact at the bound (MAX_BACKLOG)
+    # issue 9: negative, non-numeric and absurd counters are a bad report, not 0 or a huge load
+    # (hostile numbers in full: test_load_parsing.py)
+    for bad in (b'{"loads": [{"num_running_reqs": -5}]}', b'{"loads": [{"num_waiting_reqs": true}]}',
+                b'{"loads": [{"num_running_reqs": 9223372036854775807}]}'):
+        with pytest.raises(ValueError):
+            parse_loads(bad)
     with pytest.raises(ValueError):
         parse_loads(b'{"status": "ok"}')
 

@@ -1,0 +1,134 @@
+"""The load parsers on hostile numbers: a worker's report is a number we route on, or a ValueError.
+
+``parse_loads`` (SGLang ``/v1/loads`` JSON) and ``parse_metrics`` (Prometheus text) must never raise anything
+but ValueError, whatever the worker sends, and never return NaN, infinity, a negative or an absurd backlog:
+such a report is rejected as a bad payload, not clamped into a number the policies would trust.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from smg_router.fleet.load_monitor import BACKLOG_GAUGES, MAX_BACKLOG, parse_loads, parse_metrics
+
+HOSTILE_NUMBERS = ["+Inf", "-Inf", "Inf", "NaN", "nan", "1e309", "-1e309", "-1", "-0.5", "1e10",
+                   str(MAX_BACKLOG + 1), "9223372036854775807", "1.8446744073709552e19"]
+
+
+def _loads(running: str, waiting: str = "0") -> bytes:
+    return (b'{"timestamp": "2026-01-01T00:00:00Z", "dp_rank_count": 1, "loads": [{"dp_rank": 0, '
+            b'"num_running_reqs": ' + running.encode() + b', "num_waiting_reqs": ' + waiting.encode() + b"}]}")
+
+
+def test_a_good_loads_report_sums_running_and_waiting_over_ranks() -> None:
+    body = (b'{"loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
+            b'{"dp_rank": 1, "num_running_reqs": 5.0}]}')  # a missing counter is 0, a whole float is fine
+    assert parse_loads(body) == 12
+    assert parse_loads(b'{"loads": []}') == 0
+    assert parse_loads(_loads(str(MAX_BACKLOG))) == MAX_BACKLOG  # the bound itself is still a report
+
+
+@pytest.mark.parametrize("number", HOSTILE_NUMBERS)
+def test_a_hostile_number_in_loads_is_a_bad_report(number: str) -> None:
+    with pytest.raises(ValueError):
+        parse_loads(_loads(number))
+    with pytest.raises(ValueError):
+        parse_loads(_loads("1", number))
+
+
+@pytest.mark.parametrize("value", ["true", "null", '"3"', "[1]", "{}"])
+def test_a_counter_that_is_not_a_number_is_a_bad_report(value: str) -> None:
+    with pytest.raises(ValueError):
+        parse_loads(_loads(value))
+
+
+def test_ranks_that_add_up_to_an_absurd_backlog_are_a_bad_report() -> None:
+    rank = f'{{"num_running_reqs": {MAX_BACKLOG // 2 + 1}}}'
+    with pytest.raises(ValueError):
+        parse_loads(f'{{"loads": [{rank}, {rank}]}}'.encode())
+
+
+def test_a_good_metrics_exposition_sums_the_backlog_gauges() -> None:
+    text = ('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 2.0\n'
+            'sglang:num_queue_reqs{model_name="m"} 5 1700000000\nsglang:token_usage{model_name="m"} NaN\n')
+    assert parse_metrics(text) == 7  # a NaN in a gauge we do not read is not our business
+
+
+@pytest.mark.parametrize("number", [*HOSTILE_NUMBERS, "abc", "0x10", ""])
+@pytest.mark.parametrize("gauge", ["sglang:num_queue_reqs", "vllm:num_requests_waiting",
+                                   "llamacpp:requests_deferred"])
+def test_a_hostile_number_in_a_backlog_gauge_is_a_bad_report(gauge: str, number: str) -> None:
+    for line in (f"{gauge} {number}", f'{gauge}{{model_name="m"}} {number}'):
+        with pytest.raises(ValueError):
+            parse_metrics(f"{line}\nvllm:num_requests_running 1\n")
+
+
+def test_gauges_that_add_up_to_an_absurd_backlog_are_a_bad_report() -> None:
+    half = MAX_BACKLOG // 2 + 1
+    with pytest.raises(ValueError):
+        parse_metrics(f"vllm:num_requests_running {half}\nvllm:num_requests_waiting {half}\n")
+
+
+# Any JSON-like document, including the NaN / Infinity tokens Python's json writes, unbounded integers
+# and the keys the parser looks for.
+_KEYS = st.sampled_from(["loads", "num_running_reqs", "num_waiting_reqs", "dp_rank"]) | st.text(max_size=5)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+_NUMBER_LITERAL = st.sampled_from(HOSTILE_NUMBERS) | st.from_regex(
+    r"\A-?(0|[1-9][0-9]{0,400})(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?\Z")
+
+
+def _is_report_or_value_error(parse, raw) -> None:  # type: ignore[no-untyped-def]
+    try:
+        load = parse(raw)
+    except ValueError:
+        return
+    assert type(load) is int and 0 <= load <= MAX_BACKLOG, load
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_JSON)
+def test_parse_loads_on_any_json_returns_a_bounded_count_or_raises_value_error(doc: object) -> None:
+    _is_report_or_value_error(parse_loads, json.dumps(doc, allow_nan=True).encode())
+    _is_report_or_value_error(parse_loads, json.dumps({"loads": [doc]}, allow_nan=True).encode())
+    _is_report_or_value_error(parse_loads, json.dumps({"loads": [{"num_running_reqs": doc}]}, allow_nan=True).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(running=_NUMBER_LITERAL, waiting=_NUMBER_LITERAL)
+def test_parse_loads_on_any_number_literal_returns_a_bounded_count_or_raises_value_error(running: str,
+                                                                                         waiting: str) -> None:
+    _is_report_or_value_error(parse_loads, _loads(running, waiting))
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=200))
+def test_parse_loads_on_any_bytes_returns_a_bounded_count_or_raises_value_error(raw: bytes) -> None:
+    _is_report_or_value_error(parse_loads, raw)
+
+
+_LINE = st.tuples(
+    st.sampled_from(sorted(BACKLOG_GAUGES)) | st.text(max_size=8),
+    st.sampled_from(["", '{model_name="m"}', "{", "}", '{a="}"}']),
+    st.sampled_from([" ", "\t", "  "]),
+    _NUMBER_LITERAL | st.text(max_size=8) | st.floats().map(repr),
+    st.sampled_from(["", " 1700000000", " x"]),
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_LINE, max_size=6))
+def test_parse_metrics_on_any_exposition_returns_a_bounded_count_or_raises_value_error(lines: list[str]) -> None:
+    _is_report_or_value_error(parse_metrics, "\n".join(lines))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200))
+def test_parse_metrics_on_any_text_returns_a_bounded_count_or_raises_value_error(text: str) -> None:
+    _is_report_or_value_error(parse_metrics, text)
