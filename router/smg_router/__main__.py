@@ -52,17 +52,17 @@ async def serve(settings: Settings) -> None:
 async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> None:
     s = settings.server
     core.shutting_down = True
-    inflight = core.proxy.inflight
+    admission = core.admission
     log.info("shutting down: not ready; serving %.1f s more, then up to %.1f s for %d request(s) in flight",
-             s.shutdown_delay, s.shutdown_timeout, len(inflight))
+             s.shutdown_delay, s.shutdown_timeout, len(admission))
     await asyncio.sleep(s.shutdown_delay)
     await site.stop()  # no new connections; open ones keep being served
-    if not await inflight.wait_idle(s.shutdown_timeout):
-        ended = inflight.end_streams()
+    if not await admission.wait_idle(s.shutdown_timeout):
+        ended = admission.end_streams()
         log.warning("shutdown timeout: ending %d stream(s) with an error event; %d request(s) left",
-                    ended, len(inflight))
-        await inflight.wait_idle(STREAM_END_GRACE)
-    log.info("shut down (%d request(s) left)", len(inflight))
+                    ended, len(admission))
+        await admission.wait_idle(STREAM_END_GRACE)
+    log.info("shut down (%d request(s) left)", len(admission))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

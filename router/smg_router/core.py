@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from smg_router.admission import Admission
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
@@ -42,8 +43,12 @@ class RouterCore:
                            metrics=self.metrics)
         self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
                                  total_timeout=settings.server.request_timeout)
+        server = settings.server
+        self.admission = Admission(max_requests=server.max_concurrent_requests, max_bytes=server.max_inflight_bytes,
+                                   max_body=server.max_payload_size, metrics=self.metrics)
         self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
-                           metrics=self.metrics, retry=settings.retry, pd_mode=settings.pd.enabled)
+                           admission=self.admission, metrics=self.metrics, retry=settings.retry,
+                           pd_mode=settings.pd.enabled)
         self._tasks: list[asyncio.Task[None]] = []
         self.shutting_down = False
         """Set on SIGTERM: readiness answers 503 while the router serves on (``__main__.serve``)."""

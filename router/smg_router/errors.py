@@ -25,6 +25,21 @@ class RouterError(Exception):
         return error_response(self.status, self.message, type=self.type, code=self.code)
 
 
+class Overloaded(RouterError):
+    """The router is at its admission limits; the answer says when to retry."""
+
+    status, type = 503, "service_unavailable"
+
+    def __init__(self, message: str, *, code: str, retry_after: int) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    def response(self) -> web.Response:
+        response = super().response()
+        response.headers["Retry-After"] = str(self.retry_after)
+        return response
+
+
 class BadRequest(RouterError):
     status, type = 400, "invalid_request_error"
 

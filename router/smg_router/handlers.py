@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
-from smg_router.http_io import json_response, read_body
+from smg_router.http_io import json_response
 from smg_router.metrics import CONTENT_TYPE
 from smg_router.request import parse_request
 
@@ -20,8 +20,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def _generation(kind: str) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         core = request.app[ROUTER]
-        raw = await read_body(request, core.settings.server.max_payload_size)
-        return await core.proxy.handle(request, parse_request(kind, raw, request.headers))
+        raw = await core.admission.enter(request)  # 413 too large, 503 over the router's limits
+        try:
+            return await core.proxy.handle(request, parse_request(kind, raw, request.headers))
+        finally:
+            core.admission.leave(len(raw))
 
     handler.__name__ = f"{kind}_handler"
     return handler

@@ -73,6 +73,8 @@ class Metrics:
                                         ("event", "role"), registry=r)
         self.pd_requests = Counter("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
         self.retries = Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
+        self.requests_rejected = Counter("smg_requests_rejected", "Requests refused before routing (admission)",
+                                         ("reason",), registry=r)
 
     def add_tree_size_source(self, source: TreeSizeSource) -> None:
         self.registry.register(_TreeSizeCollector(source))

@@ -17,9 +17,9 @@ import time
 
 from aiohttp import web
 
+from smg_router.admission import Admission
 from smg_router.attempt import Attempts, is_retryable
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
-from smg_router.inflight import InflightRequests
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher
 from smg_router.policies.registry import PolicyRegistry
@@ -34,14 +34,13 @@ log = logging.getLogger(__name__)
 
 class Proxy:
     def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, upstream: Upstream,
-                 metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
+                 admission: Admission, metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
-        self.inflight = InflightRequests()
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
-        self._relay = Relay(metrics=metrics, inflight=self.inflight)
+        self._relay = Relay(metrics=metrics, admission=admission)
         self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self._relay,
                                 metrics=metrics) if pd_mode else None
 
@@ -50,7 +49,6 @@ class Proxy:
         req.model = self.resolve_model(req.requested_model)
         req.started = time.perf_counter()
         status = 500
-        self.inflight.enter()
         try:
             if self._pd is not None:
                 response = await self._pd.forward(request, req)
@@ -65,7 +63,6 @@ class Proxy:
             status = getattr(e, "status", 500)  # RouterError and HTTPException carry theirs; for the metric only
             raise
         finally:
-            self.inflight.exit()
             m = self._metrics
             m.requests.labels(req.endpoint, req.model, str(status)).inc()
             m.request_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
+from smg_router.admission import Admission
 from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError, UpstreamTimeout
-from smg_router.inflight import InflightRequests
 from smg_router.metrics import Metrics
 from smg_router.request import ProxyRequest
 from smg_router.upstream.base import UpstreamResponse
@@ -32,9 +32,9 @@ DROP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encodin
 
 
 class Relay:
-    def __init__(self, *, metrics: Metrics, inflight: InflightRequests) -> None:
+    def __init__(self, *, metrics: Metrics, admission: Admission) -> None:
         self._metrics = metrics
-        self._inflight = inflight
+        self._admission = admission
 
     async def relay(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
                     guard: AttemptGuard) -> web.StreamResponse:
@@ -64,7 +64,7 @@ class Relay:
         await out.prepare(request)
         task = asyncio.current_task()
         assert task is not None
-        self._inflight.stream_started(task)
+        self._admission.stream_started(task)
         try:
             chunks = aiter(upstream.chunks())
             first = True
@@ -89,14 +89,14 @@ class Relay:
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
                 await out.write(chunk)  # waits while the client is slow: backpressure
         except asyncio.CancelledError:
-            if not self._inflight.closing:
+            if not self._admission.closing:
                 raise  # the client went away
             task.uncancel()
             await _end_with_error(out, "the router is shutting down; retry the request", type="service_unavailable",
                                   code="router_shutting_down")
             return out
         finally:
-            self._inflight.stream_ended(task)
+            self._admission.stream_ended(task)
         await out.write_eof()
         guard.answered(upstream.status)
         return out

@@ -86,8 +86,13 @@ class RetrySettings:
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
-    max_payload_size: int = 32 * 1024 * 1024
-    """Largest request body accepted (413 above)."""
+    max_payload_size: int = 8 * 1024 * 1024
+    """Largest request body accepted (413 above): a long prompt is a few MB of JSON."""
+    max_concurrent_requests: int = 1024
+    """Generation requests answered at once; over it, 503 with Retry-After."""
+    max_inflight_bytes: int = 128 * 1024 * 1024
+    """Request body bytes held at once (a body of unknown length counts as max_payload_size until read);
+    over it, 503 with Retry-After.  Bodies cost about four times their size in memory while parsed."""
     request_timeout: float = 1800.0
     """Upper bound of one upstream request, streaming included."""
     connect_timeout: float = 5.0
@@ -173,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--breaker-failure-threshold", r.breaker_failure_threshold, type=int, help="failures that open a breaker")
     add("--breaker-cooldown", r.breaker_cooldown, type=float, help="seconds before a half-open trial")
     add("--max-payload-size", s.max_payload_size, type=int, help="largest request body in bytes")
+    add("--max-concurrent-requests", s.max_concurrent_requests, type=int,
+        help="generation requests answered at once (503 with Retry-After above)")
+    add("--max-inflight-bytes", s.max_inflight_bytes, type=int,
+        help="request body bytes held at once (503 with Retry-After above)")
     add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
     add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
     add("--shutdown-delay", s.shutdown_delay, type=float,
@@ -203,6 +212,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
+    if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
+        parser.error("--max-payload-size and --max-concurrent-requests must be positive, and "
+                     "--max-inflight-bytes at least --max-payload-size")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
         parser.error("--shutdown-delay and --shutdown-timeout must not be negative")
     for flag in ("policy", "prefill_policy", "decode_policy"):
@@ -236,6 +248,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         pd=PDSettings(enabled=a.pd_disaggregation, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host, port=a.port, max_payload_size=a.max_payload_size,
+            max_concurrent_requests=a.max_concurrent_requests, max_inflight_bytes=a.max_inflight_bytes,
             request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,
             shutdown_delay=a.shutdown_delay, shutdown_timeout=a.shutdown_timeout,
             admin_api_key=a.admin_api_key or None, log_level=a.log_level,
