@@ -143,7 +143,8 @@ def test_router_deployment_wiring(rendered: dict[str, Rendered]) -> None:
     env = env_of(router)
     expected = {"SMG_HOST": "0.0.0.0", "SMG_PORT": "30000", "SMG_POLICY": "cache_aware",
                 "SMG_CACHE_THRESHOLD": "0.3", "SMG_BALANCE_ABS_THRESHOLD": "32", "SMG_BALANCE_REL_THRESHOLD": "1.5",
-                "SMG_MAX_TREE_SIZE": "67108864", "SMG_LOAD_MONITOR_INTERVAL": "1", "SMG_MAX_PAYLOAD_SIZE": "33554432"}
+                "SMG_MAX_TREE_SIZE": "67108864", "SMG_LOAD_MONITOR_INTERVAL": "1", "SMG_MAX_PAYLOAD_SIZE": "8388608",
+                "SMG_MAX_CONCURRENT_REQUESTS": "1024", "SMG_MAX_INFLIGHT_BYTES": "134217728"}
     assert {k: env[k]["value"] for k in expected} == expected
     assert "SMG_PD_DISAGGREGATION" not in env
     service = r.get("Service", "smg-router")
