@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from support.kmock_emulator import EmulatorServer
-from support.operator_proc import OperatorProcess
+from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, start_sim, wait_until
 
 NAMESPACE = "smg-test"
@@ -250,7 +250,8 @@ def pool_spec(pool: str, router_port: int, worker_port: int, **extra: Any) -> di
 
 
 def wait_for(predicate: Any, *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """``wait_until`` with a mandatory bound: every wait in this tier says how long is too long."""
+    """``wait_until`` with a mandatory bound: every wait in this tier says how long is too long (``SETTLE``
+    unless a test has a reason for more)."""
     return wait_until(predicate, timeout=timeout, interval=interval, what=what)
 
 
@@ -263,5 +264,5 @@ def registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
     fleet.add_workers("llama-0", "llama-1", labels={"pool": "llama"})
     uid = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=SETTLE, what="both pods on both replicas")
     return uid, want

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 from typing import Any
 
 import pytest
-from kmock_harness import Kube
+from kmock_harness import SETTLE, Kube, wait_for
 from support.kmock_emulator import EmulatorServer, KubernetesEmulator
 
 PODS = "/api/v1/namespaces/ns/pods"
@@ -26,9 +25,20 @@ def _pod(name: str, **meta: Any) -> dict[str, Any]:
 
 
 def _watch(api: Kube, path: str, timeout: float = 0.5) -> list[dict[str, Any]]:
+    """Every event of a watch the server ends after ``timeout`` s (the replay is sent before that clock starts,
+    so the result holds the whole replay, and the timeout only ends the wait for more)."""
     url = f"{api.server.url}{path}{'&' if '?' in path else '?'}watch=true&timeoutSeconds={timeout:g}"
     with urllib.request.urlopen(url, timeout=timeout + 5) as resp:
         return [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+
+
+def _stream(api: Kube, path: str, into: list[dict[str, Any]], count: int) -> None:
+    """Append the events of a watch to ``into`` as they arrive, until ``count`` came (or ``SETTLE`` s passed)."""
+    url = f"{api.server.url}{path}{'&' if '?' in path else '?'}watch=true&timeoutSeconds={SETTLE:g}"
+    with urllib.request.urlopen(url, timeout=SETTLE + 5) as resp:
+        while len(into) < count and (line := resp.readline()):
+            if line.strip():
+                into.append(json.loads(line))
 
 
 def test_discovery_lists_the_builtin_resources_and_the_installed_crd_with_its_status_subresource(
@@ -154,12 +164,16 @@ def test_a_live_watch_sees_every_change_after_its_replay_without_a_gap(api: Kube
     since = api.call("GET", PODS)["metadata"]["resourceVersion"]
     api.call("POST", PODS, _pod("p0"))
     seen: list[dict[str, Any]] = []
-    watcher = threading.Thread(target=lambda: seen.extend(_watch(api, f"{PODS}?resourceVersion={since}", 2.0)))
+    watcher = threading.Thread(target=_stream, args=(api, f"{PODS}?resourceVersion={since}", seen, 20),
+                               name="test-watch", daemon=True)
     watcher.start()
-    for i in range(1, 20):
+    for i in range(1, 10):  # racing the watch's start: each lands in its replay or in its live stream
         api.call("POST", PODS, _pod(f"p{i}"))
-        time.sleep(0.01)
-    watcher.join(10)
+    wait_for(lambda: seen, timeout=SETTLE, what="the watch's first event")  # its replay is under way
+    for i in range(10, 20):  # after the replay began: these can only come through the live stream
+        api.call("POST", PODS, _pod(f"p{i}"))
+    watcher.join(SETTLE)
+    assert not watcher.is_alive(), f"the watch saw only {len(seen)} of 20 events"
     assert [e["object"]["metadata"]["name"] for e in seen] == [f"p{i}" for i in range(20)]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kmock_harness import Fleet, Kube, Operator, pool_spec, wait_for
+from kmock_harness import SETTLE, Fleet, Kube, Operator, pool_spec, wait_for
 from support.procs import metric_value
 
 
@@ -14,7 +14,7 @@ def test_the_operator_metrics_count_hook_calls_reconciles_and_registered_workers
     kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))
     gauge = {"smgworker": f"{kube.ns}/llama"}
 
-    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_registered_workers", **gauge) == 2, timeout=5,
+    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_registered_workers", **gauge) == 2, timeout=SETTLE,
              what="smg_operator_registered_workers 2")
     text = operator.metrics()
     assert "# TYPE smg_operator_hook_calls_total counter" in text
@@ -27,15 +27,15 @@ def test_the_operator_metrics_count_hook_calls_reconciles_and_registered_workers
     assert metric_value(text, "smg_operator_reconcile_total", result="error") == 0
 
     before = metric_value(text, "smg_operator_reconcile_total")
-    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_reconcile_total") >= before + 2, timeout=5,
+    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_reconcile_total") >= before + 2, timeout=SETTLE,
              what="the timer reconciling again")
 
     kube.terminate_pod("llama-1")
-    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_registered_workers", **gauge) == 1, timeout=5,
+    wait_for(lambda: metric_value(operator.metrics(), "smg_operator_registered_workers", **gauge) == 1, timeout=SETTLE,
              what="smg_operator_registered_workers 1")
     assert metric_value(operator.metrics(), "smg_operator_hook_calls_total", hook="remove", result="ok") == 2
 
     kube.call("DELETE", kube.smgw_path("llama"))
-    wait_for(lambda: kube.smgworker("llama") is None, timeout=10, what="the SMGWorker gone")
-    wait_for(lambda: f'smgworker="{kube.ns}/llama"' not in operator.metrics(), timeout=5,
+    wait_for(lambda: kube.smgworker("llama") is None, timeout=SETTLE, what="the SMGWorker gone")
+    wait_for(lambda: f'smgworker="{kube.ns}/llama"' not in operator.metrics(), timeout=SETTLE,
              what="the gauge of the deleted SMGWorker dropped")

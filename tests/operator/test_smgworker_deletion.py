@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-import time
-
 from kmock_harness import (
     ADMIN_KEY,
     OPERATOR_FINALIZER,
     OWNER_UID,
+    SETTLE,
     Fleet,
     Kube,
     Operator,
     registered_pool,
     wait_for,
 )
-from support.procs import http_json
+from support.procs import http_json, metric_value
+
+LONGEST_RETRY_DELAY = 30.0
+"""The finalizer's backoff stops doubling there (smg_operator.reconciler.retry_delay)."""
 
 
 def _registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
     uid, want = registered_pool(kube, fleet)
     wait_for(lambda: OPERATOR_FINALIZER in (kube.smgworker("llama")["metadata"].get("finalizers") or []),
-             timeout=5, what="the operator's finalizer")
+             timeout=SETTLE, what="the operator's finalizer")
     return uid, want
+
+
+def _unreachable_lists(operator: Operator) -> float:
+    """Failed ``GET /workers`` calls: one per try of the finalizer at the frozen replica."""
+    return metric_value(operator.metrics(), "smg_operator_hook_calls_total", hook="list", result="unreachable")
 
 
 def test_deleting_an_smgworker_removes_its_workers_from_every_replica_before_it_disappears(
@@ -35,7 +42,7 @@ def test_deleting_an_smgworker_removes_its_workers_from_every_replica_before_it_
 
     kube.call("DELETE", kube.smgw_path("llama"))
     # Poll fast: the moment the object is gone, no replica may still hold one of its workers.
-    wait_for(lambda: kube.smgworker("llama") is None, timeout=10, interval=0.02, what="the SMGWorker gone")
+    wait_for(lambda: kube.smgworker("llama") is None, timeout=SETTLE, interval=0.02, what="the SMGWorker gone")
     for pod in fleet.routers:
         assert fleet.urls(pod, owner_uid=uid) == set()
         assert fleet.urls(pod) == {by_hand.url}  # a worker a person added is left alone
@@ -57,24 +64,29 @@ def test_an_smgworker_deleted_while_a_router_is_unreachable_keeps_its_finalizer_
 
     with fleet.frozen("router-1"):  # SIGSTOP: it keeps its registry but answers nothing
         kube.call("DELETE", kube.smgw_path("llama"))
-        wait_for(lambda: fleet.urls("router-0", owner_uid=uid) == set(), timeout=5,
+        wait_for(lambda: fleet.urls("router-0", owner_uid=uid) == set(), timeout=SETTLE,
                  what="the workers removed from the reachable replica")
-        wait_for(lambda: "RouterUnreachable" in kube.event_reasons("llama"), timeout=5,
+        wait_for(lambda: "RouterUnreachable" in kube.event_reasons("llama"), timeout=SETTLE,
                  what="a RouterUnreachable event about the pending deregistration")
-        wait_for(lambda: "deregistration pending" in kube.status("llama").get("lastError", ""), timeout=5,
+        wait_for(lambda: "deregistration pending" in kube.status("llama").get("lastError", ""), timeout=SETTLE,
                  what="status.lastError: deregistration pending")
-        held_since = time.monotonic()
-        while time.monotonic() - held_since < 3:  # it must hold on, however long the router is away
+        # It must hold on, however long the router is away: watched over two more failed tries of the finalizer
+        # (after the one that wrote lastError), not over some seconds that may hold no try at all.
+        tries_before = _unreachable_lists(operator)
+
+        def held_over_two_more_tries() -> bool:
             smgw = kube.smgworker("llama")
             assert smgw is not None, "the SMGWorker went away while a replica still held its workers"
             assert smgw["metadata"]["deletionTimestamp"]
             assert OPERATOR_FINALIZER in smgw["metadata"]["finalizers"]
-            time.sleep(0.2)
+            return _unreachable_lists(operator) >= tries_before + 2
+
+        wait_for(held_over_two_more_tries, timeout=SETTLE, interval=0.2, what="two more failed finalizer tries")
         event = next(e for e in kube.events("llama") if e["reason"] == "RouterUnreachable")
         assert event["type"] == "Warning" and "router-1" in event["message"]
 
     assert fleet.urls("router-1", owner_uid=uid) == want  # it kept them while frozen
-    wait_for(lambda: kube.smgworker("llama") is None, timeout=20, interval=0.1,
+    wait_for(lambda: kube.smgworker("llama") is None, timeout=SETTLE + LONGEST_RETRY_DELAY, interval=0.1,
              what="the SMGWorker gone once the replica answers again (finalizer retries back off)")
     assert fleet.urls("router-1", owner_uid=uid) == set()
     assert fleet.urls("router-0", owner_uid=uid) == set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kmock_harness import OWNER_UID, Fleet, Kube, Operator, pool_spec, wait_for
+from kmock_harness import OWNER_UID, SETTLE, Fleet, Kube, Operator, pool_spec, wait_for
 from support.procs import free_port
 
 
@@ -19,7 +19,7 @@ def test_the_bootstrap_port_annotation_of_a_prefill_pod_wins_over_the_spec(
     uid = kube.create_smgworker("prefill", pool_spec("prefill", fleet.router_port, fleet.worker_port,
                                                      role="prefill", bootstrapPort=spec_port))["metadata"]["uid"]
 
-    wait_for(lambda: fleet.everywhere({annotated.url, plain.url}, owner_uid=uid), timeout=5,
+    wait_for(lambda: fleet.everywhere({annotated.url, plain.url}, owner_uid=uid), timeout=SETTLE,
              what="both prefill pods on both replicas")
     for pod in fleet.routers:
         ports = {w["url"]: (w["role"], w["bootstrap_port"]) for w in fleet.workers(pod)}
@@ -35,11 +35,12 @@ def test_static_endpoints_are_registered_on_every_replica(kube: Kube, fleet: Fle
     uid = kube.create_smgworker("external", spec)["metadata"]["uid"]
 
     want = {s.url for s in outside}
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="the static endpoints on both replicas")
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=SETTLE,
+             what="the static endpoints on both replicas")
     for pod in fleet.routers:
         for worker in fleet.workers(pod):
             assert "smg.dev/pod" not in worker["labels"] and worker["labels"][OWNER_UID] == uid
-    status = wait_for(lambda: (s := kube.status("external")).get("registeredEndpoints") == 2 and s, timeout=5,
+    status = wait_for(lambda: (s := kube.status("external")).get("registeredEndpoints") == 2 and s, timeout=SETTLE,
                       what="status registeredEndpoints 2")
     assert status["ready"] == "2/2"
     assert sorted((e["url"], e.get("pod")) for e in status["endpoints"]) == sorted((u, None) for u in want)

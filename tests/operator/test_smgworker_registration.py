@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kmock_harness import OWNER_UID, POD_UID, Fleet, Kube, Operator, pool_spec, wait_for
+from kmock_harness import OWNER_UID, POD_UID, SETTLE, Fleet, Kube, Operator, pool_spec, wait_for
 from support.procs import MODEL
 
 
@@ -21,7 +21,7 @@ def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_rep
     uid = smgw["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
 
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=SETTLE, what="both pods on both replicas")
     assert fleet.everywhere(want)  # nothing else (the unselected pod is not registered)
     for pod in fleet.routers:
         for worker in fleet.workers(pod):
@@ -35,7 +35,7 @@ def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_rep
                 POD_UID: kube.pod(pod_name)["metadata"]["uid"]}
 
     status = wait_for(lambda: (s := kube.status("llama")).get("registeredEndpoints") == 2 and s,
-                      timeout=5, what="status registeredEndpoints 2")
+                      timeout=SETTLE, what="status registeredEndpoints 2")
     assert status["ready"] == "2/2"
     assert status["readyEndpoints"] == 2
     assert status["observedGeneration"] == kube.smgworker("llama")["metadata"]["generation"]
@@ -61,13 +61,13 @@ def test_a_pod_that_is_not_ready_counts_as_selected_but_is_not_registered_until_
     uid = smgw["metadata"]["uid"]
     two = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
 
-    wait_for(lambda: kube.status("llama").get("ready") == "2/3", timeout=5, what='status ready "2/3"')
+    wait_for(lambda: kube.status("llama").get("ready") == "2/3", timeout=SETTLE, what='status ready "2/3"')
     assert fleet.everywhere(two, owner_uid=uid)
 
     kube.set_pod_status("llama-2", ip=late.host, ready=True)
-    wait_for(lambda: fleet.everywhere(two | {late.url}, owner_uid=uid), timeout=5,
+    wait_for(lambda: fleet.everywhere(two | {late.url}, owner_uid=uid), timeout=SETTLE,
              what="the pod that became ready on both replicas")
-    wait_for(lambda: kube.status("llama").get("ready") == "3/3", timeout=5, what='status ready "3/3"')
+    wait_for(lambda: kube.status("llama").get("ready") == "3/3", timeout=SETTLE, what='status ready "3/3"')
 
 
 def test_a_changed_spec_replaces_the_registrations_on_every_replica(
@@ -77,7 +77,7 @@ def test_a_changed_spec_replaces_the_registrations_on_every_replica(
                                                     labels={"tier": "gold"}))
     uid = smgw["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
-    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=5, what="both pods on both replicas")
+    wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=SETTLE, what="both pods on both replicas")
 
     patched = kube.merge(kube.smgw_path("llama"), {"spec": {"labels": {"tier": "silver"}}})
     assert patched["metadata"]["generation"] == 2
@@ -86,6 +86,6 @@ def test_a_changed_spec_replaces_the_registrations_on_every_replica(
         return all(w["labels"].get("tier") == "silver" for pod in fleet.routers for w in fleet.workers(pod)) \
             and fleet.everywhere(want, owner_uid=uid)
 
-    wait_for(relabelled, timeout=5, what="the new labels on every replica")
-    wait_for(lambda: kube.status("llama").get("observedGeneration") == 2, timeout=5,
+    wait_for(relabelled, timeout=SETTLE, what="the new labels on every replica")
+    wait_for(lambda: kube.status("llama").get("observedGeneration") == 2, timeout=SETTLE,
              what="status.observedGeneration 2")

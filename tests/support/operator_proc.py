@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from support.procs import Proc, free_port, http_json, wait_until
+from support.procs import Proc, free_port, http_json, metric_value, wait_until
+
+SETTLE = 30.0
+"""How long a wait on the operator may take before it is a failure, in either operator tier.  Generous on
+purpose: the machine is shared and at times slow, and no test measures the operator's speed in seconds.
+Where "how soon" matters, a test counts the operator's own reconcile passes (``passes_until``) instead."""
 
 
 class OperatorProcess:
@@ -39,6 +45,33 @@ class OperatorProcess:
         status, body = http_json("GET", self.metrics_url + "/metrics", timeout=5)
         assert status == 200, body
         return str(body)
+
+    def reconcile_passes(self) -> int:
+        """``smg_operator_reconcile_total`` over every result: the operator's own clock, in reconcile passes."""
+        return int(metric_value(self.metrics(), "smg_operator_reconcile_total"))
+
+    def passes_until(self, predicate: Callable[[], bool], *, what: str, timeout: float = SETTLE) -> int:
+        """Wait for ``predicate``; the ordinal, counted from this call, of the reconcile pass that made it true
+        (1: the pass in flight at the call, or the next one).
+
+        That is one more than the passes finished at the last check where it did not hold yet (the count is read
+        before each check).  Exact while passes are further apart than the 50 ms between checks, as the timer's
+        are (``--reconcile-interval``); passes poked in a quick burst could make it count too few."""
+        start = last_failed = self.reconcile_passes()
+
+        def check() -> bool:
+            nonlocal last_failed
+            finished = self.reconcile_passes()
+            held = False
+            try:
+                held = bool(predicate())
+            finally:
+                if not held:  # also when the predicate raised: wait_until retries an OSError
+                    last_failed = finished
+            return held
+
+        wait_until(check, timeout=timeout, what=what)
+        return last_failed - start + 1
 
     def stop(self) -> None:
         self.proc.stop()
