@@ -116,7 +116,12 @@ class LeaderLease:
         return True
 
     async def acquire(self, *, retry: float = 2.0) -> None:
-        while not await asyncio.to_thread(self.try_acquire):  # noqa: ASYNC110 - polls a remote lock
+        standing_by = False
+        while not await asyncio.to_thread(self.try_acquire):  # polls a remote lock
+            if not standing_by:  # said once: a standby polls for as long as the leader lives
+                log.info("leader election: lease %s/%s is held by another replica; %s stands by", self.namespace,
+                         self.name, self.identity)
+                standing_by = True
             await asyncio.sleep(retry)
         log.info("leader election: %s holds lease %s/%s", self.identity, self.namespace, self.name)
 
