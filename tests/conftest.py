@@ -3,12 +3,15 @@
 - Every test talks to loopback only, so no HTTP proxy from the environment may apply.
 - A test fails (as an error at teardown) when it leaks an asyncio task of any name: a task still
   pending after the test and its fixtures have finished (support/leaks.py).
+- Unit tests get a short timeout (UNIT_TIMEOUT_S) unless they carry their own ``timeout`` marker;
+  every other tier keeps the 120 s of pyproject.toml.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pytest_asyncio import is_async_test
@@ -19,6 +22,16 @@ for _name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PRO
 os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.0/8,localhost"
 
 pytest_plugins = ["pytester"]  # tests/unit/suite runs this conftest's checks on deliberately bad tests
+
+UNIT_DIR = Path(__file__).parent / "unit"
+UNIT_TIMEOUT_S = 10.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(UNIT_DIR) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+
 
 def _runner_fixture_name(item: pytest.Item) -> str:
     """The pytest-asyncio fixture holding the asyncio.Runner this async test runs on."""
