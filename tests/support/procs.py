@@ -6,6 +6,8 @@ to a file under the test's tmp dir and is terminated (then killed) at teardown.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 import json
 import os
@@ -16,9 +18,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 _hosts = itertools.cycle(range(2, 250))
 MODEL = "sim-model"
@@ -65,6 +70,33 @@ def wait_until(predicate, *, timeout: float = 15.0, interval: float = 0.05, what
             if last:
                 return last
         time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any | Awaitable[Any]],
+    *,
+    timeout: float = 15.0,  # noqa: ASYNC109 - a polling deadline whose error names `what` and the last value
+    interval: float = 0.02,
+    what: str = "condition",
+) -> Any:
+    """``wait_until`` inside an event loop: polls a sync or async predicate until it is truthy.
+
+    The deadline is on the loop's clock, so under a virtual-time loop it is virtual too.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Any = None
+    while loop.time() < deadline:
+        try:
+            result = predicate()
+            last = await result if inspect.isawaitable(result) else result
+        except (OSError, aiohttp.ClientError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 

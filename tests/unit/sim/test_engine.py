@@ -1,16 +1,20 @@
-"""Unit tests of the simulated engine: prefix caching, batching limits, cancellation and PD decode."""
+"""Unit tests of the simulated engine: prefix caching, batching limits, cancellation and PD decode.
+
+They run on virtual time (see conftest.py): ``loop.time()`` is the engine's model time, so durations
+are asserted exactly and no test races the wall clock.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from smg_sim.config import SimConfig
 from smg_sim.engine import Engine, EngineRequest, StepOutput
 from smg_sim.tokens import encode
+from support.procs import wait_until_async
 
 
 @contextlib.asynccontextmanager
@@ -26,26 +30,19 @@ async def running_engine(**overrides: object) -> AsyncIterator[Engine]:
 
 async def run_to_end(engine: Engine, req: EngineRequest) -> tuple[str, StepOutput, float]:
     """Full text, final output and time to the first output."""
-    started = time.monotonic()
+    clock = asyncio.get_running_loop()
+    started = clock.time()
     first: float | None = None
     text = []
     async with engine.request(req) as handle:
         async for out in handle:
             if first is None:
-                first = time.monotonic() - started
+                first = clock.time() - started
             text.append(out.text)
             if out.finish is not None:
                 assert first is not None
                 return "".join(text), out, first
     raise AssertionError("stream ended without a finish")
-
-
-async def wait_for(predicate: Callable[[], bool], within_s: float = 2.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 async def test_generates_max_new_tokens_characters_deterministically() -> None:
@@ -60,7 +57,7 @@ async def test_generates_max_new_tokens_characters_deterministically() -> None:
 
 async def test_cached_prefix_reduces_prefill_time() -> None:
     prompt = encode("x" * 10 + "shared system prompt " * 100)  # 2110 tokens
-    async with running_engine(prefill_tps=10_000.0) as engine:  # 2110 uncached tokens ~ 0.21 s
+    async with running_engine(prefill_tps=10_000.0) as engine:  # 2110 uncached tokens: 0.211 s
         _, cold, cold_ttft = await run_to_end(engine, EngineRequest(prompt, 2))
         _, warm, warm_ttft = await run_to_end(engine, EngineRequest(prompt, 2))
         half = prompt[:1000] + encode("n" * 1000)
@@ -69,9 +66,10 @@ async def test_cached_prefix_reduces_prefill_time() -> None:
     assert cold.cached_tokens == 0
     assert warm.cached_tokens == len(prompt) - 1  # the last token is always computed
     assert partial.cached_tokens == 1000
-    assert cold_ttft > 0.15
-    assert warm_ttft < 0.05
-    assert 0.06 < partial_ttft < cold_ttft - 0.05  # ~0.1 s: half the prompt was cached
+    # The first token comes with the end of prefill: uncached tokens / prefill_tps.
+    assert cold_ttft == pytest.approx(2110 / 10_000)
+    assert warm_ttft == pytest.approx(1 / 10_000)
+    assert partial_ttft == pytest.approx(1000 / 10_000)  # half the prompt was cached
     assert stats.cached_tokens_total == warm.cached_tokens + partial.cached_tokens
     assert stats.prompt_tokens_total == 2 * len(prompt) + 2000
     assert 0 < stats.cache_hit_rate < 1
@@ -83,7 +81,7 @@ async def test_max_running_bounds_batch_and_queues_the_rest() -> None:
             asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"prompt {i}"), 20)))
             for i in range(5)
         ]
-        await wait_for(lambda: engine.stats().num_running_reqs == 2)
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 2, what="2 running")
         stats = engine.stats()
         assert stats.num_waiting_reqs == 3
         assert stats.num_used_tokens > 0
@@ -99,9 +97,9 @@ async def test_max_running_bounds_batch_and_queues_the_rest() -> None:
 async def test_cancelling_a_consumer_releases_its_slot() -> None:
     async with running_engine(max_running=1, decode_step_ms=2.0) as engine:
         long_task = asyncio.create_task(run_to_end(engine, EngineRequest(encode("long"), 100_000)))
-        await wait_for(lambda: engine.stats().num_running_reqs == 1)
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="1 running")
         short_task = asyncio.create_task(run_to_end(engine, EngineRequest(encode("short"), 3)))
-        await wait_for(lambda: engine.stats().num_waiting_reqs == 1)
+        await wait_until_async(lambda: engine.stats().num_waiting_reqs == 1, what="1 waiting")
         long_task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await long_task
@@ -113,15 +111,15 @@ async def test_cancelling_a_consumer_releases_its_slot() -> None:
 async def test_waiting_request_can_leave_the_queue() -> None:
     async with running_engine(max_running=1, decode_step_ms=2.0) as engine:
         blocker = asyncio.create_task(run_to_end(engine, EngineRequest(encode("blocker"), 100_000)))
-        await wait_for(lambda: engine.stats().num_running_reqs == 1)
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="1 running")
         waiter = asyncio.create_task(run_to_end(engine, EngineRequest(encode("waiter"), 5)))
-        await wait_for(lambda: engine.stats().num_waiting_reqs == 1)
+        await wait_until_async(lambda: engine.stats().num_waiting_reqs == 1, what="1 waiting")
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
         assert engine.stats().num_waiting_reqs == 0
         blocker.cancel()
         await asyncio.gather(blocker, return_exceptions=True)
-        await wait_for(lambda: engine.stats().num_running_reqs == 0)
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 0, what="0 running")
 
 
 async def test_kv_memory_limits_admission() -> None:
@@ -130,7 +128,7 @@ async def test_kv_memory_limits_admission() -> None:
         tasks = [
             asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"{i}" * 40), 20))) for i in range(3)
         ]
-        await wait_for(lambda: engine.stats().num_running_reqs == 1)
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="1 running")
         assert engine.stats().num_waiting_reqs == 2
         await asyncio.gather(*tasks)
 
@@ -146,26 +144,27 @@ async def test_stop_string_ends_generation_early() -> None:
 
 async def test_transferred_kv_skips_prefill() -> None:
     prompt = encode("p" * 4000)  # would take 1 s to prefill at 4000 tok/s
-    async with running_engine() as engine:
+    async with running_engine() as engine:  # decode steps of 1 ms
         _, out, ttft = await run_to_end(engine, EngineRequest(prompt, 3, transferred_cached=123))
-    assert ttft < 0.2
+    assert ttft == pytest.approx(0.001)  # one decode step, no prefill
     assert out.cached_tokens == 123
     assert out.completion_tokens == 3
 
 
 async def test_time_scale_speeds_up_decoding() -> None:
     async with running_engine(time_scale=0.1, decode_step_ms=20.0) as engine:
-        started = time.monotonic()
-        await run_to_end(engine, EngineRequest(encode("a"), 21))  # 20 decode steps of 2 ms
-        took = time.monotonic() - started
-    assert 0.03 < took < 0.3
+        clock = asyncio.get_running_loop()
+        started = clock.time()
+        await run_to_end(engine, EngineRequest(encode("a"), 21))  # 1 prefill token, 20 decode steps
+        took = clock.time() - started
+    assert took == pytest.approx(0.1 * (1 / 4000 + 20 * 0.020))  # a tenth of the model time
 
 
 async def test_stop_ends_pending_requests_with_abort() -> None:
     engine = Engine(SimConfig(max_running=1, decode_step_ms=5.0))
     engine.start()
     task = asyncio.create_task(run_to_end(engine, EngineRequest(encode("x"), 100_000)))
-    await wait_for(lambda: engine.stats().num_running_reqs == 1)
+    await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="1 running")
     await engine.stop()
     _, out, _ = await asyncio.wait_for(task, 1.0)
     assert out.finish is not None and out.finish.type == "abort"
