@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -11,6 +10,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 from smg_sim_procs import SimLauncher, http_get
+from support.procs import wait_until_async
 
 MODEL = "sim-model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
@@ -63,7 +63,4 @@ async def test_slow_start_reports_unhealthy_then_healthy(launch_sim: SimLauncher
     status, body = http_get(f"{sim.url}/health")
     assert status == 503 and b"warming up" in body
     assert http_get(f"{sim.url}/health_generate")[0] == 503
-    deadline = time.monotonic() + 3.0
-    while http_get(f"{sim.url}/health")[0] != 200:
-        assert time.monotonic() < deadline, "still unhealthy long after --slow-start"
-        await asyncio.sleep(0.05)
+    await wait_until_async(lambda: http_get(f"{sim.url}/health")[0] == 200, what="healthy after --slow-start")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +18,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 from smg_sim_procs import SimLauncher, SimProcess
+from support.procs import wait_until_async
 
 MODEL = "sim-model"
 
@@ -309,14 +309,12 @@ async def test_load_builds_up_under_concurrency(busy_sim: SimProcess, http: aioh
     assert loads["loads"][0]["num_running_reqs"] == 0 and loads["loads"][0]["num_waiting_reqs"] == 0
 
 
-async def wait_idle(http: aiohttp.ClientSession, sim: SimProcess, within_s: float = 3.0) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
+async def wait_idle(http: aiohttp.ClientSession, sim: SimProcess) -> None:
+    async def idle() -> bool:
         _, loads = await get_json(http, f"{sim.url}/v1/loads")
-        if loads["loads"][0]["num_running_reqs"] == 0:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("request still running after the client went away")
+        return bool(loads["loads"][0]["num_running_reqs"] == 0)
+
+    await wait_until_async(idle, what="the request to stop running after its client went away")
 
 
 async def test_client_disconnect_frees_the_slot(busy_sim: SimProcess, http: aiohttp.ClientSession) -> None:
