@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +152,18 @@ def complete(router: Router, doc: str, question: str) -> None:
     assert status == 200, answer
 
 
+def answered_requests(routers: tuple[Router, ...]) -> float:
+    """Inference requests the routers have answered, from their own /metrics."""
+    return sum(metric_value(r.metrics(), "smg_requests_total", endpoint=endpoint)
+               for r in routers for endpoint in ("/v1/chat/completions", "/v1/completions"))
+
+
+def scraped_requests(prom: Prometheus) -> float:
+    """The same count as Prometheus last scraped it."""
+    result = prom.vector(f'sum(smg_requests_total{{job="{ROUTER_JOB}", endpoint=~"/v1/(chat/)?completions"}})')
+    return float(result[0]["value"][1]) if result else -1.0
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("observability")
@@ -178,7 +189,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         started.append(prom)
         wait_until(lambda: prom.targets_up() == 2, timeout=30, what="both routers scraped")
 
-        # Traffic spread over several scrapes, so that rate() sees the counters move.
+        # Traffic spread over several scrapes, so that rate() sees the counters move: after each burst,
+        # wait until Prometheus has scraped it.
         for i in range(30):
             doc = DOCS[i % len(DOCS)]
             chat(a, doc, f"Question {i}: what does step {i} do?", stream=(i % 5 == 4))
@@ -186,7 +198,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 complete(a, doc, f" Summarise part {i}.")
             if i % 2 == 0:
                 chat(b, doc, f"Question {i} for replica B.")
-            time.sleep(0.2)
+            if i % 5 == 4:
+                wait_until(lambda: scraped_requests(prom) == answered_requests((a, b)), timeout=30,
+                           what=f"Prometheus to scrape the burst ending with request {i}")
         assert metric_value(b.metrics(), "smg_routing_fallbacks_total", reason="no_load_data") > 0, b.metrics()
         assert metric_value(a.metrics(), "smg_cache_tree_hits_total") > 0, a.metrics()
 
