@@ -26,7 +26,7 @@ def test_smg_demo_serves_chat_completions_through_the_router(tmp_path: Path) -> 
             assert answer["choices"][0]["message"]["content"]
         status, workers = http_json("GET", url + "/workers")
         assert sorted(w["load"]["processed"] for w in workers["workers"]) == [0, 3]  # cache-aware
-        assert "curl" in demo.log()
+        wait_until(lambda: "curl" in demo.log(), what="the demo to print its curl example")  # once it saw the router
     finally:
         demo.stop()
     assert demo.popen is None
