@@ -10,7 +10,7 @@ import pytest
 from support.helm_chart import example_values, render
 from support.kube import ControlPlane
 from support.operator_env import KEY, Env, new_env, pool
-from support.operator_proc import OperatorProcess
+from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import wait_until
 
 NS = "smg"  # the release namespace the chart renders for
@@ -68,16 +68,16 @@ def test_operator_does_its_whole_job_with_the_charts_rbac(chart_env: Env) -> Non
     sim = e.add_worker_pod("w-0", {"app": "w"})
     e.cp.apply_yaml(pool("pool", {"app": "w"}, port=e.worker_port, router_port=e.router_port), NS)
     # watch pods and services, patch status, post events: registered and reported
-    wait_until(lambda: sim.url in e.urls("router-0"), timeout=10, what="registration under the chart's RBAC")
-    wait_until(lambda: e.condition("pool", "Ready").get("status") == "True", timeout=10, what="status written")
+    wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="registration under the chart's RBAC")
+    wait_until(lambda: e.condition("pool", "Ready").get("status") == "True", timeout=SETTLE, what="status written")
     e.routers["router-0"].stop()
-    wait_until(lambda: "RouterUnreachable" in e.event_reasons("pool"), timeout=15, what="an Event posted")
+    wait_until(lambda: "RouterUnreachable" in e.event_reasons("pool"), timeout=SETTLE, what="an Event posted")
     e.start_router("router-0")
-    wait_until(lambda: sim.url in e.urls("router-0"), timeout=10, what="re-registration")
+    wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="re-registration")
     # the finalizer: added, and removed after deregistration
     assert "smg.dev/finalizer" in (e.smgw("pool") or {})["metadata"].get("finalizers", [])
     e.cp.kubectl("delete", "smgw", "pool", "-n", NS, "--wait=false")
-    wait_until(lambda: e.smgw("pool") is None, timeout=15, what="the finalizer to be removed")
+    wait_until(lambda: e.smgw("pool") is None, timeout=SETTLE, what="the finalizer to be removed")
     assert sim.url not in e.urls("router-0")
     log = e.operator.proc.log()
     assert "403" not in log and "Forbidden" not in log and "forbidden" not in log, log[-3000:]

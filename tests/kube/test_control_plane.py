@@ -204,7 +204,10 @@ def test_mark_terminating_and_release(control_plane: ControlPlane, namespace: st
     pod = control_plane.mark_terminating(namespace, "leaving")
     assert pod["metadata"]["deletionTimestamp"]
     assert HOLD_FINALIZER in pod["metadata"]["finalizers"]
-    time.sleep(1.0)
+    # Held, it stays through later writes: the kubelet's status update of a terminating pod (not Ready any
+    # more, as during its grace period) lands on it, and a read after that write still finds it.
+    written = control_plane.set_pod_ready(namespace, "leaving", False)
+    assert written["metadata"]["deletionTimestamp"] and _ready(written) == "False"
     still = control_plane.get_pod(namespace, "leaving")
     assert still is not None and still["metadata"]["deletionTimestamp"]
     assert still["status"]["podIP"] == "127.0.0.5"

@@ -50,14 +50,15 @@ class OperatorProcess:
         """``smg_operator_reconcile_total`` over every result: the operator's own clock, in reconcile passes."""
         return int(metric_value(self.metrics(), "smg_operator_reconcile_total"))
 
-    def passes_until(self, predicate: Callable[[], bool], *, what: str, timeout: float = SETTLE) -> int:
-        """Wait for ``predicate``; the ordinal, counted from this call, of the reconcile pass that made it true
-        (1: the pass in flight at the call, or the next one).
+    def passes_until(self, predicate: Callable[[], bool], *, what: str, timeout: float = SETTLE,
+                     start: int | None = None) -> int:
+        """Wait for ``predicate``; the ordinal, counted from this call (or from ``start``, an earlier reading of
+        ``reconcile_passes()``), of the reconcile pass that made it true (1: the pass in flight then, or the next).
 
         That is one more than the passes finished at the last check where it did not hold yet (the count is read
         before each check).  Exact while passes are further apart than the 50 ms between checks, as the timer's
         are (``--reconcile-interval``); passes poked in a quick burst could make it count too few."""
-        start = last_failed = self.reconcile_passes()
+        start = last_failed = self.reconcile_passes() if start is None else start
 
         def check() -> bool:
             nonlocal last_failed
