@@ -35,6 +35,8 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
+        self.paused = False
+        """Reading from the worker is paused (backpressure): the transport's state, not one response's."""
         self._reset()
 
     def _reset(self) -> None:
@@ -48,8 +50,6 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.paused = False
-        self._name = b""
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -120,6 +120,18 @@ class _Conn(asyncio.Protocol):
 
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and self.error is None
+
+    def idle(self) -> None:
+        """Into the pool: the unread rest of a complete body is dropped and reading resumes.
+
+        A body that crossed the high-water mark in the same read that completed it leaves reading paused;
+        pooled so, the connection would never see the next response.
+        """
+        self.chunks.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
     def recycle(self) -> None:
         """Ready for the next request on the same connection."""
@@ -239,6 +251,7 @@ class LeanUpstream:
         if conn.reusable():
             idle = self._idle.setdefault(conn.key, [])
             if len(idle) < MAX_IDLE_PER_HOST:
+                conn.idle()
                 idle.append(conn)
                 return
         conn.close()
