@@ -58,8 +58,9 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            self._fail(UpstreamConnectError(f"malformed response from worker: {e}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            reason = e.__context__ if isinstance(e, httptools.HttpParserCallbackError) else e  # our callback's own
+            self._fail(UpstreamConnectError(f"malformed response from worker: {reason}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -82,7 +83,13 @@ class _Conn(asyncio.Protocol):
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if status < 200:
+            if status == 101:  # we never ask to switch protocols
+                raise ValueError("the worker switched protocols (101) although nobody asked it to")
+            self.header_list.clear()  # 100 Continue, 103 Early Hints: informational, the final response follows
+            return
+        self.status = status
         if not self.headers_done.done():
             self.headers_done.set_result(None)
 
@@ -95,6 +102,8 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._parser.get_status_code() < 200:
+            return  # the end of an informational response: the parser goes on to the next one
         self.keep_alive = self._parser.should_keep_alive()  # only meaningful inside the parser's callbacks
         self.complete = True
         self._wake()

@@ -135,6 +135,30 @@ async def post_and_read(client: LeanUpstream, url: str) -> tuple[LeanResponse, b
 # -- framing ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("writes", ["one write", "separate writes"])
+async def test_informational_responses_are_skipped_for_the_final_one(client, writes: str) -> None:
+    parts = [b"HTTP/1.1 100 Continue\r\n\r\n",
+             b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+             ok(b"final", extra=b"X-Final: yes\r\n")]
+
+    async def first(ex: Exchange) -> None:
+        if writes == "one write":
+            ex.writer.write(b"".join(parts))
+            return
+        for part in parts:
+            ex.writer.write(part)
+            await ex.writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
+        r, body = await post_and_read(client, url)
+        assert (r.status, body) == (200, b"final")
+        assert r.headers.get("x-final") == "yes" and "link" not in r.headers
+        _, body2 = await post_and_read(client, url)
+        assert body2 == b"answer 1"
+        assert worker.connections == [0, 0]
+
+
 async def test_a_response_in_one_byte_writes(client) -> None:
     response = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
@@ -207,9 +231,10 @@ async def test_a_body_above_the_high_water_mark_read_slowly_then_the_connection_
 
 @pytest.mark.parametrize("reply", [
     b"garbage\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
     b"",
     b"HTTP/1.1 200 OK\r\nContent-Le",
-], ids=["garbage", "closed at once", "closed inside the head"])
+], ids=["garbage", "an upgrade nobody asked for", "closed at once", "closed inside the head"])
 async def test_a_failure_before_the_response_headers_is_a_connect_error(client, reply: bytes) -> None:
     async def first(ex: Exchange) -> str:
         ex.writer.write(reply)
