@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import select
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
 
@@ -33,6 +34,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
         self.paused = False
@@ -54,14 +56,23 @@ class _Conn(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.fd = transport.get_extra_info("socket").fileno()
 
     def data_received(self, data: bytes) -> None:
+        if self.complete:
+            self.close()  # stray bytes between a final response and the next request: not ours to hand on
+            return
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            self._unparsable(e)
+
+    def _unparsable(self, e: Exception) -> None:
+        if not self.complete:
             reason = e.__context__ if isinstance(e, httptools.HttpParserCallbackError) else e  # our callback's own
             self._fail(UpstreamConnectError(f"malformed response from worker: {reason}"))
-            self.close()
+        # else: stray bytes in the read that completed the response, which stays intact
+        self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -79,6 +90,10 @@ class _Conn(asyncio.Protocol):
         pass
 
     # -- httptools callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second response where one was asked for; raising stops the parser here
+            raise ValueError("stray bytes after a complete response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
@@ -242,9 +257,10 @@ class LeanUpstream:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            if not conn.closed and not _readable(conn.fd):
                 conn.recycle()
                 return conn
+            conn.close()
         return None
 
     async def _connect(self, key: tuple[str, int]) -> _Conn:
@@ -288,6 +304,17 @@ class LeanUpstream:
             conn.close()
             raise
         return LeanResponse(self, conn, deadline)
+
+
+def _readable(fd: int) -> bool:
+    """Bytes (or the worker's close) waiting on an idle connection the loop has not read yet.
+
+    Anything there was sent before our next request and would be taken as its answer: one poll(2) per
+    reuse (about a microsecond) keeps one client from getting another's answer.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _expire(conn: _Conn) -> None:

@@ -282,3 +282,28 @@ async def test_a_reset_mid_body_is_an_os_error(client, framing: str, how: str) -
 # -- stray bytes -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("when", ["in the same write", "while the connection is idle", "just before its reuse"])
+async def test_stray_bytes_after_a_complete_response_never_reach_the_next_request(client, when: str) -> None:
+    stray = ok(b"STRAY", extra=b"X-Stray: 1\r\n")
+
+    async def first(ex: Exchange) -> None:
+        if when == "in the same write":
+            ex.writer.write(ok(b"first") + stray)
+            return
+        ex.writer.write(ok(b"first"))
+        if when == "while the connection is idle":
+            await ex.writer.drain()
+            await asyncio.sleep(0.05)
+            ex.writer.write(stray)
+
+    async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
+        r, body = await post_and_read(client, url)
+        assert (r.status, body) == (200, b"first")
+        assert "x-stray" not in r.headers
+        if when == "while the connection is idle":
+            await asyncio.sleep(0.3)
+        elif when == "just before its reuse":
+            worker.writers[0].write(stray)  # lands in the client's socket buffer before it reuses the connection
+        r2, body2 = await post_and_read(client, url)
+        assert body2 == b"answer 1" and "x-stray" not in r2.headers
+        assert worker.connections == [0, 1], "a connection that carried stray bytes must not be pooled"
