@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import select
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
@@ -46,10 +45,13 @@ class _Conn(asyncio.Protocol):
         self.headers_done: asyncio.Future[None] = loop.create_future()
         self.status = 0
         self.header_list: list[tuple[str, str]] = []
+        self.headers: dict[str, str] = {}
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.complete = False
         self.keep_alive = False
+        self.framed = True
+        """The body's end is in its bytes (Content-Length or chunked), not at the worker's close."""
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
 
@@ -75,15 +77,16 @@ class _Conn(asyncio.Protocol):
         self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        by_worker = not self.closed  # close() marks the connections we close ourselves
         self.closed = True
-        if not self.complete:
+        if not self.complete and self.error is None:
             if not self.headers_done.done():
                 self._fail(UpstreamConnectError(f"worker closed the connection{f': {exc}' if exc else ''}"))
+            elif by_worker and exc is None and not self.framed:
+                self.complete = True  # a close-delimited body ends with a clean close (httptools has no EOF call)
             else:
-                with contextlib.suppress(httptools.HttpParserError):  # a close-delimited body is complete now
-                    self._parser.feed_data(b"")
-                if not self.complete:
-                    self._fail(ConnectionResetError("worker closed the connection mid-response"))
+                why = f": {exc}" if exc else ""
+                self._fail(ConnectionResetError(f"worker closed the connection mid-response{why}"))
         self._wake()
 
     def resume_writing(self) -> None:  # pragma: no cover - request bodies are small
@@ -105,6 +108,10 @@ class _Conn(asyncio.Protocol):
             self.header_list.clear()  # 100 Continue, 103 Early Hints: informational, the final response follows
             return
         self.status = status
+        # RFC 9112 6.3: chunked as the last transfer coding, else a Content-Length, else the body runs to the close
+        self.headers = headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
+        te = headers.get("transfer-encoding")
+        self.framed = te.rstrip().lower().endswith("chunked") if te is not None else "content-length" in headers
         if not self.headers_done.done():
             self.headers_done.set_result(None)
 
@@ -177,7 +184,7 @@ class LeanResponse:
         self._deadline = deadline
         self._done = False
         self.status = conn.status
-        self.headers: Mapping[str, str] = {k.lower(): v for k, v in conn.header_list}
+        self.headers: Mapping[str, str] = conn.headers
 
     async def _next(self) -> bytes | None:
         conn = self._conn

@@ -135,6 +135,40 @@ async def post_and_read(client: LeanUpstream, url: str) -> tuple[LeanResponse, b
 # -- framing ---------------------------------------------------------------------------------------------------
 
 
+async def test_a_chunked_body_with_chunk_extensions_and_trailers_is_the_chunks_data_only(client) -> None:
+    async def first(ex: Exchange) -> None:
+        ex.writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+                        b"5;name=value\r\nhello\r\n"
+                        b'6;quoted="a;b";bare\r\n world\r\n'
+                        b"0\r\nX-Checksum: abc\r\n\r\n")
+
+    async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
+        r, body = await post_and_read(client, url)
+        assert (r.status, body) == (200, b"hello world")
+        assert "x-checksum" not in r.headers, "a trailer is not a response header"
+        _, body2 = await post_and_read(client, url)
+        assert body2 == b"answer 1"
+        assert worker.connections == [0, 0], "a complete chunked response leaves the connection reusable"
+
+
+@pytest.mark.parametrize("how", ["read", "chunks"])
+async def test_a_close_delimited_body_completes_when_the_worker_closes(client, how: str) -> None:
+    async def first(ex: Exchange) -> str:
+        ex.writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\ndata: 1\n\n")
+        await ex.writer.drain()
+        await asyncio.sleep(0.05)
+        ex.writer.write(b"data: 2\n\n")
+        return CLOSE
+
+    async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        body = await r.read() if how == "read" else b"".join([c async for c in r.chunks()])
+        assert (r.status, body) == (200, b"data: 1\n\ndata: 2\n\n")
+        _, body2 = await post_and_read(client, url)
+        assert body2 == b"answer 1"
+        assert worker.connections == [0, 1], "a closed connection is not reused"
+
+
 @pytest.mark.parametrize("writes", ["one write", "separate writes"])
 async def test_informational_responses_are_skipped_for_the_final_one(client, writes: str) -> None:
     parts = [b"HTTP/1.1 100 Continue\r\n\r\n",
