@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 def http_json(method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None,
               timeout: float = 10.0) -> tuple[int, Any]:
     """A tiny blocking HTTP client for fixtures and assertions (no event loop needed)."""
+    status, parsed, _ = _http(method, url, body, headers=headers, timeout=timeout)
+    return status, parsed
+
+
+@dataclass(frozen=True)
+class Served:
+    """A router's answer and the smg-sim worker that produced it (from its ``x-smg-sim-worker`` header)."""
+
+    status: int
+    body: Any
+    worker_url: str | None
+
+
+def _http(method: str, url: str, body: Any, *, headers: dict[str, str] | None,
+          timeout: float) -> tuple[int, Any, Message]:
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -50,12 +66,13 @@ def http_json(method: str, url: str, body: Any = None, *, headers: dict[str, str
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
             status = resp.status
+            got = resp.headers
     except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
+        raw, status, got = e.read(), e.code, e.headers
     try:
-        return status, json.loads(raw) if raw else None
+        return status, json.loads(raw) if raw else None, got
     except ValueError:
-        return status, raw.decode(errors="replace")
+        return status, raw.decode(errors="replace"), got
 
 
 def wait_until(predicate, *, timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> Any:
@@ -170,6 +187,19 @@ class Router(Proc):
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
             return resp.read().decode()
+
+    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 30.0) -> Served:
+        """``POST /v1/completions`` with ``prompt``: the answer and which worker served it."""
+        status, body, headers = _http("POST", self.url + "/v1/completions",
+                                      {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens},
+                                      headers=None, timeout=timeout)
+        worker = headers.get("x-smg-sim-worker")
+        return Served(status, body, f"http://{worker}" if worker else None)
+
+    def worker(self, url: str) -> dict[str, Any]:
+        """The ``GET /workers`` entry of the worker at ``url``."""
+        (found,) = [w for w in self.workers() if w["url"] == url]
+        return found
 
     def wait_routable(self, count: int, timeout: float = 15.0) -> None:
         wait_until(lambda: sum(w["routable"] for w in self.workers()) == count, timeout=timeout,
