@@ -70,9 +70,13 @@ class _Conn(asyncio.Protocol):
             self._unparsable(e)
 
     def _unparsable(self, e: Exception) -> None:
+        """Before the headers a connect error (retried elsewhere); after them an OSError, as a broken-off body."""
         if not self.complete:
             reason = e.__context__ if isinstance(e, httptools.HttpParserCallbackError) else e  # our callback's own
-            self._fail(UpstreamConnectError(f"malformed response from worker: {reason}"))
+            if self.headers_done.done():
+                self._fail(ConnectionError(f"malformed response body from worker: {reason}"))
+            else:
+                self._fail(UpstreamConnectError(f"malformed response from worker: {reason}"))
         # else: stray bytes in the read that completed the response, which stays intact
         self.close()
 

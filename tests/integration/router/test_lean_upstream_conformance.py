@@ -313,6 +313,21 @@ async def test_a_reset_mid_body_is_an_os_error(client, framing: str, how: str) -
         assert worker.connections == [0, 1]
 
 
+async def test_a_malformed_body_after_the_headers_is_an_os_error(client) -> None:
+    async def first(ex: Exchange) -> None:
+        ex.writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+
+    async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        assert r.status == 200
+        with pytest.raises(OSError):
+            await r.read()
+        r.abort()
+        _, body2 = await post_and_read(client, url)
+        assert body2 == b"answer 1"
+        assert worker.connections == [0, 1]
+
+
 # -- stray bytes -----------------------------------------------------------------------------------------------
 
 
