@@ -10,5 +10,7 @@ import pytest
 from support.virtual_time import VirtualTimeEventLoop
 
 
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     return {"virtual-time": VirtualTimeEventLoop}
