@@ -75,8 +75,10 @@ class Proxy:
             raise NoWorkerAvailable(f"no {role} workers are registered", code="no_workers")
         models = {w.model_id for w in workers}
         if requested is not None:
-            if requested in models or None in models:
+            if requested in models:
                 return requested
+            if None in models:  # a worker whose model is not known yet may serve it: the shared "" key, so a
+                return ""  # client-chosen name never creates a tree or a metric series of its own
             raise ModelNotFound(requested)
         known = sorted(m for m in models if m is not None)
         if len(known) == 1:

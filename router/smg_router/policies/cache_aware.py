@@ -42,8 +42,7 @@ class CacheAwarePolicy(Policy):
         """Make the trees match the reachable workers: a tree per model, no tenant that left."""
         wanted: dict[str, set[str]] = {}
         for w in workers:
-            if w.model_id is not None:
-                wanted.setdefault(w.model_id, set()).add(w.url)
+            wanted.setdefault(w.model_id or "", set()).add(w.url)  # "": the workers of a model not known yet
         for model in wanted:
             self._trees.setdefault(model, RadixTree())
         for model, tree in list(self._trees.items()):
