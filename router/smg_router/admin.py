@@ -8,16 +8,15 @@ the field.  SGLang-router compatible aliases: ``POST /add_worker?url=``, ``POST 
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
-from smg_router.errors import BadRequest, NotFound, Unauthorized
+from smg_router.errors import BadRequest, NotFound
+from smg_router.http_io import check_bearer, parse_json_object, read_body
 from smg_router.http_io import json_response as _json
-from smg_router.http_io import parse_json_object, read_body
 from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -30,13 +29,7 @@ def _core(request: web.Request) -> RouterCore:
 
 def _authorize(request: web.Request) -> RouterCore:
     core = _core(request)
-    key = core.settings.server.admin_api_key
-    if key:
-        given = request.headers.get("Authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise Unauthorized("this call needs the admin API key as 'Authorization: Bearer <key>'",
-                               code="invalid_api_key")
+    check_bearer(request, core.settings.server.admin_api_key, what="the admin API key")
     return core
 
 

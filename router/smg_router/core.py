@@ -21,6 +21,7 @@ from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
+from smg_router.request import FORWARD_REQUEST_HEADERS
 from smg_router.settings import Settings
 from smg_router.upstream import Upstream
 from smg_router.workers.load import LoadView
@@ -50,6 +51,9 @@ class RouterCore:
                            admission=self.admission, metrics=self.metrics, retry=settings.retry,
                            pd_mode=settings.pd.enabled)
         self._tasks: list[asyncio.Task[None]] = []
+        self.forward_headers = tuple(h for h in FORWARD_REQUEST_HEADERS
+                                     if not (h == "authorization" and settings.server.api_key))
+        """The client headers forwarded to workers: never the router's own API key."""
         self.shutting_down = False
         """Set on SIGTERM: readiness answers 503 while the router serves on (``__main__.serve``)."""
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
-from smg_router.http_io import json_response
+from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
 from smg_router.request import parse_request
 
@@ -20,9 +20,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def _generation(kind: str) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         core = request.app[ROUTER]
+        check_bearer(request, core.settings.server.api_key, what="the API key")
         raw = await core.admission.enter(request)  # 413 too large, 503 over the router's limits
         try:
-            return await core.proxy.handle(request, parse_request(kind, raw, request.headers))
+            return await core.proxy.handle(request, parse_request(kind, raw, request.headers, core.forward_headers))
         finally:
             core.admission.leave(len(raw))
 
@@ -37,6 +38,7 @@ generate = _generation("generate")
 
 async def models(request: web.Request) -> web.Response:
     core: RouterCore = request.app[ROUTER]
+    check_bearer(request, core.settings.server.api_key, what="the API key")
     names = sorted({w.model_id for w in core.registry if w.model_id is not None and w.routable})
     return json_response({"object": "list",
                   "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]})

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from smg_router.errors import BadRequest, PayloadTooLarge
+from smg_router.errors import BadRequest, PayloadTooLarge, Unauthorized
+
+
+def check_bearer(request: web.Request, key: str | None, *, what: str) -> None:
+    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time; never logged)."""
+    if not key:
+        return
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise Unauthorized(f"this call needs {what} as 'Authorization: Bearer <key>'", code="invalid_api_key")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:

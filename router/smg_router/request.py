@@ -19,6 +19,7 @@ from smg_router.http_io import parse_json_object
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 """Request kind → the endpoint path it arrives on and is forwarded to."""
 FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
+"""Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -105,12 +106,13 @@ def generate_text(body: dict[str, Any]) -> str:
 TEXT_OF = {"chat": chat_text, "completions": completion_text, "generate": generate_text}
 
 
-def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = None) -> ProxyRequest:
+def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = None,
+                  forward: tuple[str, ...] = FORWARD_REQUEST_HEADERS) -> ProxyRequest:
     """Parse a ``chat``, ``completions`` or ``generate`` body; a 400 naming the field when it is wrong."""
     body = parse_json_object(raw)
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise BadRequest("model must be a non-empty string", code="invalid_field")
-    forwarded = {} if headers is None else {k: v for k in FORWARD_REQUEST_HEADERS if (v := headers.get(k)) is not None}
+    forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
     return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=body.get("stream") is True,
                         text=TEXT_OF[kind](body), body=body, raw=raw, headers=forwarded)

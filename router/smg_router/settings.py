@@ -104,6 +104,8 @@ class ServerSettings:
     """Then: seconds in-flight requests and streams get to finish before what is left is ended."""
     admin_api_key: str | None = None
     """Bearer token the lifecycle API requires for mutations; None leaves it open."""
+    api_key: str | None = None
+    """Bearer token the data plane (generation endpoints, /v1/models) requires; None leaves it open."""
     log_level: str = "info"
 
 
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shutdown-timeout", s.shutdown_timeout, type=float,
         help="then seconds for in-flight requests and streams to finish before the rest are ended")
     add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
+    add("--api-key", None, help="bearer token required by the data plane (generation endpoints, /v1/models)")
     add("--log-level", s.log_level, help="debug, info, warning, error")
     return p
 
@@ -251,7 +254,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_concurrent_requests=a.max_concurrent_requests, max_inflight_bytes=a.max_inflight_bytes,
             request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,
             shutdown_delay=a.shutdown_delay, shutdown_timeout=a.shutdown_timeout,
-            admin_api_key=a.admin_api_key or None, log_level=a.log_level,
+            admin_api_key=a.admin_api_key or None, api_key=a.api_key or None, log_level=a.log_level,
         ),
         policy=PolicySettings(
             name=a.policy, cache_threshold=a.cache_threshold,

@@ -34,6 +34,8 @@ def normalize_url(raw: object) -> str:
     if not isinstance(raw, str) or not raw:
         raise SpecError("url", "must be a non-empty string like http://10.0.0.5:8000")
     parts = urlsplit(raw.strip())
+    if parts.username is not None or parts.password is not None:  # it would show in /workers, metrics and logs
+        raise SpecError("url", "must not carry credentials (user:password@); workers are called without them")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SpecError("url", f"{raw!r} is not an http(s) URL with a host")
     try:
