@@ -3,7 +3,9 @@
 ``Lifecycle`` applies each mutation to the registry, every policy instance, the load view and the metrics
 (the one path); ``Fleet`` sequences what comes around it: a newly registered worker is probed at once (so
 the answer carries a real status, not "pending"), the health checker and the load monitor run in the
-background.  All of them exist from construction; ``start`` opens the probe client's pool.
+background, each with its own probe client (its own connection pool: a health round never waits for a
+connection that a load poll holds, nor the other way round).  All of them exist from construction;
+``start`` opens the pools.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ class Fleet:
         self.registry = registry
         self.lifecycle = Lifecycle(registry=registry, policies=policies, loads=loads, metrics=metrics,
                                    retry=settings.retry)
-        self.probes = ProbeClient()
-        self.health = HealthChecker(probes=self.probes, lifecycle=self.lifecycle, settings=settings.health)
-        self.load_monitor = LoadMonitor(probes=self.probes, registry=registry, policies=policies, loads=loads,
+        self.health_probes = ProbeClient()
+        self.load_probes = ProbeClient()
+        self.health = HealthChecker(probes=self.health_probes, lifecycle=self.lifecycle, settings=settings.health)
+        self.load_monitor = LoadMonitor(probes=self.load_probes, registry=registry, policies=policies, loads=loads,
                                         metrics=metrics, settings=settings.load)
 
     async def start(self) -> None:
-        await self.probes.start()
+        await self.health_probes.start()
+        await self.load_probes.start()
 
     async def close(self) -> None:
-        await self.probes.close()
+        await self.health_probes.close()
+        await self.load_probes.close()
 
     async def register(self, spec: WorkerSpec, *, probe: bool = True) -> tuple[Worker, bool]:
         """Add a worker (idempotent: the same spec again returns the existing one, ``created`` False)."""
