@@ -75,6 +75,9 @@ class Metrics:
         self.retries = Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
         self.requests_rejected = Counter("smg_requests_rejected", "Requests refused before routing (admission)",
                                          ("reason",), registry=r)
+        self.worker_poll_errors = Counter("smg_worker_poll_errors", "Load polls of the worker that gave no load, "
+                                          "by kind (timeout, connect, http_status, bad_payload, error)",
+                                          ("worker", "kind"), registry=r)
 
     def add_tree_size_source(self, source: TreeSizeSource) -> None:
         self.registry.register(_TreeSizeCollector(source))
@@ -84,6 +87,7 @@ class Metrics:
         for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_healthy):
             with contextlib.suppress(KeyError):
                 gauge.remove(worker, role)
+        self.worker_poll_errors.remove_by_labels({"worker": worker})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
