@@ -3,11 +3,18 @@
 Asks ``GET /v1/loads`` (SGLang) first and falls back to Prometheus ``GET /metrics`` (SGLang, vLLM and
 llama.cpp gauges), remembering per worker which one answered.  Runs whenever any policy instance reads
 load (cache_aware included: the Rust gateway never polled for a cache_aware-only deployment).
+
+Every worker is polled on its own (``WorkerTasks``: a round starts the polls not still running and waits
+for none), each poll within one timeout for both endpoints, so a worker that hangs delays nobody else's
+figure.  A report is validated number by number (``parse_loads``, ``parse_metrics``): NaN, ±Inf, negative
+or absurd counts are a bad payload, never a load.  A failed poll is counted by kind and logged once per
+change of state; nothing a worker sends, and no bug while polling one worker, ends the monitor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -15,7 +22,7 @@ from collections.abc import Callable
 
 import orjson
 
-from smg_router.fleet.probes import ProbeClient
+from smg_router.fleet.probes import ProbeClient, ProbeError, WorkerTasks
 from smg_router.metrics import Metrics
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.settings import LoadSettings
@@ -95,7 +102,17 @@ def parse_metrics(text: str) -> int:
     return _backlog(total)
 
 
+def _parse_metrics_body(body: bytes) -> int:
+    return parse_metrics(body.decode())  # UnicodeDecodeError is a ValueError
+
+
 class LoadMonitor:
+    """Polls each worker on its own: one poll in flight per worker, each within one timeout, none ever raising.
+
+    A failed poll (kinds: ``timeout``, ``connect``, ``http_status``, ``bad_payload``, ``error`` for a bug of
+    ours) is counted in ``smg_worker_poll_errors_total`` and logged once per change of state of the worker.
+    """
+
     def __init__(self, *, probes: ProbeClient, registry: WorkerRegistry, policies: PolicyRegistry,
                  loads: LoadView, metrics: Metrics, settings: LoadSettings) -> None:
         self._probes = probes
@@ -106,44 +123,107 @@ class LoadMonitor:
         self._settings = settings
         self._source: dict[str, str] = {}
         """Worker id → "loads" or "metrics", whichever answered last time."""
+        self._failing: dict[str, str] = {}
+        """Worker id → kind of its failing polls, while they fail (the log line is written on each change)."""
+        self._polls = WorkerTasks("load-poll")
 
     async def run(self) -> None:
-        while True:
-            if self._policies.needs_load():
-                await self.poll_all()
-            await asyncio.sleep(self._settings.interval)
+        """Every interval, start a poll of each worker not still busy with its last one; ends only when cancelled."""
+        failed = False
+        try:
+            while True:
+                try:
+                    if self._policies.needs_load():
+                        self.start_round()
+                    failed = False
+                except Exception:  # a bug in a round must not end polling for every worker
+                    if not failed:
+                        log.exception("load monitor round failed; trying again every %ss", self._settings.interval)
+                    failed = True
+                await asyncio.sleep(self._settings.interval)
+        finally:
+            await self._polls.close()
 
-    async def poll_all(self) -> None:
+    def start_round(self) -> list[asyncio.Task[None]]:
+        """Start a poll of every polled worker that has none running; the tasks of the round, to wait on or not."""
         workers = [w for w in self._registry
                    if w.status in (WorkerStatus.READY, WorkerStatus.DRAINING, WorkerStatus.NOT_READY)]
-        for stale in set(self._source) - {w.id for w in workers}:
-            del self._source[stale]
-        await asyncio.gather(*(self.poll(w) for w in workers))
+        polled = {w.id for w in workers}
+        for table in (self._source, self._failing):
+            for stale in set(table) - polled:
+                del table[stale]
+        return [self._polls.start(w.id, functools.partial(self._poll_task, w)) for w in workers]
+
+    async def poll_all(self) -> None:
+        """One round, waited for."""
+        await asyncio.gather(*self.start_round())
+
+    async def _poll_task(self, worker: Worker) -> None:
+        await self.poll(worker)
 
     async def poll(self, worker: Worker) -> int | None:
-        source = self._source.get(worker.id)
-        load = None
+        """Poll one worker now: record its backlog, or count and log why there is none.  Never raises."""
+        error: BaseException | None = None
+        try:
+            async with asyncio.timeout(self._settings.timeout):
+                load = await self._read(worker)
+        except ProbeError as e:
+            kind, detail = e.kind, e.detail
+        except TimeoutError:
+            kind, detail = "timeout", f"no answer within {self._settings.timeout}s"
+        except Exception as e:  # a bug of ours with one worker must not end the monitor for every worker
+            kind, detail, error = "error", repr(e), e
+        else:
+            if self._registry.get(worker.id) is worker:  # not removed while we were polling
+                self._loads.record(worker.id, load, at=time.monotonic())
+                self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
+                if self._failing.pop(worker.id, None) is not None:
+                    log.info("worker %s load poll recovered", worker.url)
+            return load
+        if self._registry.get(worker.id) is worker:  # a removed worker's series stay gone
+            self._metrics.worker_poll_errors.labels(worker.url, kind).inc()
+            if self._failing.get(worker.id) != kind:
+                self._failing[worker.id] = kind
+                log.log(logging.ERROR if error else logging.WARNING, "worker %s load poll failing: %s (%s)",
+                        worker.url, kind, detail[:200], exc_info=error)
+        return None
+
+    async def _read(self, worker: Worker) -> int:
+        """The backlog from the endpoint that answered last time, else ``/v1/loads`` then ``/metrics``.
+
+        Both attempts share one deadline, so a poll never takes more than one timeout.
+        """
+        deadline = asyncio.get_running_loop().time() + self._settings.timeout
+        source = self._source.pop(worker.id, None)  # set again by a success: a failure tries both next time
+        first: ProbeError | None = None
         if source in (None, "loads"):
-            load = await self._fetch(worker.url + "/v1/loads", parse_loads)
-            if load is not None:
+            try:
+                load = await self._fetch(worker, "/v1/loads", parse_loads, deadline)
+            except ProbeError as e:
+                if source == "loads" or e.kind not in ("http_status", "bad_payload"):
+                    raise  # a worker that times out or refuses would not answer /metrics either
+                first = e
+            else:
                 self._source[worker.id] = "loads"
-        if load is None and source in (None, "metrics"):
-            load = await self._fetch(worker.url + "/metrics", lambda b: parse_metrics(b.decode()))
-            if load is not None:
-                self._source[worker.id] = "metrics"
-        if load is None:
-            self._source.pop(worker.id, None)  # try both again next time
-            return None
-        if self._registry.get(worker.id) is worker:  # not removed while we were polling
-            self._loads.record(worker.id, load, at=time.monotonic())
-            self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
+                return load
+        try:
+            load = await self._fetch(worker, "/metrics", _parse_metrics_body, deadline)
+        except ProbeError as e:
+            # no /metrics either (a 404) says less than what was wrong with /v1/loads
+            if first is not None and e.kind == "http_status":
+                raise first from None
+            raise
+        self._source[worker.id] = "metrics"
         return load
 
-    async def _fetch(self, url: str, parse: Callable[[bytes], int]) -> int | None:
-        answer = await self._probes.get(url, seconds=self._settings.timeout)
-        if answer is None or answer[0] != 200:
-            return None
+    async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], int], deadline: float) -> int:
+        seconds = deadline - asyncio.get_running_loop().time()
+        if seconds <= 0:
+            raise ProbeError("timeout", f"no answer within {self._settings.timeout}s")
+        status, body = await self._probes.fetch(worker.url + path, seconds=seconds)
+        if status != 200:
+            raise ProbeError("http_status", f"{path} answered {status}")
         try:
-            return parse(answer[1])
-        except (ValueError, UnicodeDecodeError):
-            return None
+            return parse(body)
+        except ValueError as e:
+            raise ProbeError("bad_payload", f"{path}: {str(e)[:200]}") from None
