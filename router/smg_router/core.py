@@ -29,6 +29,7 @@ from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
+LOOP_LAG_INTERVAL = 0.25
 
 
 class RouterCore:
@@ -81,6 +82,7 @@ class RouterCore:
         self._spawn("smg-health-checker", self.fleet.health.run())
         self._spawn("smg-load-monitor", self.fleet.load_monitor.run())
         self._spawn("smg-tree-eviction", self._evict_periodically())
+        self._spawn("smg-loop-lag", self._measure_loop_lag())
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -94,6 +96,14 @@ class RouterCore:
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
+
+    async def _measure_loop_lag(self) -> None:
+        """Every LOOP_LAG_INTERVAL, how much later than asked a timer fired (``smg_event_loop_lag_seconds``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(LOOP_LAG_INTERVAL)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - t0 - LOOP_LAG_INTERVAL))
 
     async def _evict_periodically(self) -> None:
         while True:

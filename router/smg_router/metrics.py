@@ -22,6 +22,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometh
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -75,6 +76,9 @@ class Metrics:
         self.retries = Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
         self.requests_rejected = Counter("smg_requests_rejected", "Requests refused before routing (admission)",
                                          ("reason",), registry=r)
+        self.loop_lag = Histogram("smg_event_loop_lag_seconds", "How late the event loop ran a timer: time "
+                                  "during which no request, stream or poll made progress", buckets=_LAG_BUCKETS,
+                                  registry=r)
         self.worker_poll_errors = Counter("smg_worker_poll_errors", "Load polls of the worker that gave no load, "
                                           "by kind (timeout, connect, http_status, bad_payload, error)",
                                           ("worker", "kind"), registry=r)

@@ -21,7 +21,7 @@ async def test_background_tasks_stop_with_the_app() -> None:
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction"}
+    assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction", "smg-loop-lag"}
     await runner.cleanup()
     await asyncio.sleep(0)
     assert _smg_tasks() == set()
