@@ -123,7 +123,7 @@ class _Demo:
     def start_router(self) -> None:
         a = self.args
         cmd = [sys.executable, "-m", "smg_router", "--host", a.host, "--port", str(a.port),
-               "--policy", a.policy, "--worker-urls", *self.worker_urls]
+               "--policy", a.policy, "--shutdown-delay", "0", "--worker-urls", *self.worker_urls]
         self.procs.append(subprocess.Popen(cmd))
 
     def wait_router(self) -> bool:

@@ -229,7 +229,8 @@ def start_router(tmp: Path, *, workers: list[str] | tuple[str, ...] = (), args: 
                  host: str = "127.0.0.1") -> Router:
     port = port or free_port(host)
     argv = [sys.executable, "-m", "smg_router", "--host", host, "--port", str(port),
-            "--health-check-interval", "0.3", "--load-monitor-interval", "0.2", *(args or [])]
+            "--health-check-interval", "0.3", "--load-monitor-interval", "0.2",
+            "--shutdown-delay", "0", *(args or [])]  # no endpoints to drain from here; a test may set its own
     if workers:
         argv += ["--worker-urls", *workers]
     if admin_key:
