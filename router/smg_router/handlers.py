@@ -12,6 +12,7 @@ from aiohttp import web
 from smg_router.core import ROUTER, RouterCore
 from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
+from smg_router.openapi import DOCUMENT_PATH, openapi_json
 from smg_router.request import parse_request
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,3 +73,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/liveness", liveness)
     app.router.add_get("/readiness", readiness)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get(DOCUMENT_PATH, openapi_json)

@@ -1,0 +1,316 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the data plane and the lifecycle API (DESIGN 6.1).
+
+Written by hand, next to what it describes: ``request.py`` (what a generation body must carry),
+``workers/worker.py`` (``WorkerSpec.from_json``), ``admin.py`` (PATCH fields, queries) and ``errors.py``
+(the error body).  A schema here says what the router, or the worker it forwards to, refuses with a 4xx;
+what only the worker checks is passed through unchanged and says so.  ``tests/unit/router/test_openapi.py``
+checks that every route the app registers is in the document and the other way round;
+``tests/integration/router/test_openapi_fuzz.py`` fuzzes a live router from the document it serves.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from aiohttp import web
+
+from smg_router.http_io import json_response
+
+__all__ = ["DOCUMENT_PATH", "document", "openapi_json"]
+
+DOCUMENT_PATH = "/openapi.json"
+JSON = "application/json"
+Schema = dict[str, Any]
+
+ERROR_STATUSES = {
+    400: "Malformed JSON, a missing field or a field of the wrong type (the message names it)",
+    401: "The bearer token is missing or wrong (only when the router has a key configured)",
+    404: "No worker serves the model, or no worker has that id",
+    409: "The URL is registered already with another spec",
+    413: "The body is larger than the router accepts (--max-payload-size; 64 KiB on the lifecycle API)",
+    502: "The worker failed (refused the connection, broke off its answer) on every attempt",
+    503: "No routable worker, or the router is at its admission limits (with Retry-After)",
+    504: "No worker answered in time",
+}
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _json_content(schema: Schema) -> dict[str, Any]:
+    return {JSON: {"schema": schema}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {str(s): {"description": ERROR_STATUSES[s], "content": _json_content(_ref("Error"))} for s in statuses}
+
+
+def _ok(description: str, schema: Schema, status: int = 200) -> dict[str, Any]:
+    return {str(status): {"description": description, "content": _json_content(schema)}}
+
+
+def _body(schema: Schema) -> dict[str, Any]:
+    return {"required": True, "content": _json_content(schema)}
+
+
+TOKEN_ID: Schema = {"type": "integer", "minimum": 0}
+TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": TOKEN_ID}
+PASSED_THROUGH = "Passed to the worker unchanged; the worker validates it."
+
+SCHEMAS: dict[str, Schema] = {
+    "Error": {
+        "type": "object", "required": ["error"],
+        "description": "Every error the router answers, and the OpenAI-shaped errors of the workers it relays.",
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type", "code"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "string"}},
+        }},
+    },
+    "Model": {
+        "anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
+        "description": "The model to route by; absent or null picks the fleet's only model.",
+    },
+    "ContentPart": {
+        "type": "object",
+        "description": "An OpenAI content part; the text of `text` parts is the routing text, others are passed.",
+        "properties": {"type": {"type": "string"}, "text": {}},
+    },
+    "Message": {
+        "type": "object", "required": ["role"],
+        "properties": {
+            "role": {"type": "string"},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _ref("ContentPart")},
+                                  {"type": "null"}]},
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object", "required": ["messages"],
+        "description": "Any other field is passed to the worker unchanged (the bytes are forwarded as sent).",
+        "properties": {
+            "model": _ref("Model"),
+            "messages": {"type": "array", "minItems": 1, "items": _ref("Message"),
+                         "description": "The whole conversation, in order, is the routing text."},
+            "stream": {"type": "boolean", "description": "true: the answer is Server-Sent Events."},
+            "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
+        },
+    },
+    "CompletionRequest": {
+        "type": "object", "required": ["prompt"],
+        "description": "Any other field is passed to the worker unchanged.",
+        "properties": {
+            "model": _ref("Model"),
+            "prompt": {"description": "A string, a batch of strings, token ids or a batch of token id lists.",
+                       "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                                 TOKEN_IDS, {"type": "array", "minItems": 1, "items": {"type": "array",
+                                                                                       "items": TOKEN_ID}}]},
+            "stream": {"type": "boolean"},
+            "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
+        },
+    },
+    "GenerateRequest": {
+        "type": "object",
+        "description": "SGLang's native request: `text` or `input_ids` (not null; the worker takes exactly one). "
+                       "Any other field is passed to the worker unchanged.",
+        "anyOf": [{"required": ["text"], "properties": {"text": {"not": {"type": "null"}}}},
+                  {"required": ["input_ids"], "properties": {"input_ids": {"not": {"type": "null"}}}}],
+        "properties": {
+            "model": _ref("Model"),
+            "text": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                               {"type": "null"}]},
+            "input_ids": {"oneOf": [TOKEN_IDS, {"type": "array", "minItems": 1, "items": TOKEN_IDS},
+                                    {"type": "null"}]},
+            "stream": {"type": "boolean"},
+            "sampling_params": _nullable({
+                "type": "object", "description": PASSED_THROUGH,
+                "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})}}),
+        },
+    },
+    "WorkerSpec": {
+        "type": "object", "required": ["url"], "additionalProperties": False,
+        "description": "A registration (POST /workers); the same URL with the same spec again is a no-op.",
+        "properties": {
+            "url": {"type": "string", "minLength": 1,
+                    "description": "http(s)://host[:port], without credentials, path, query or fragment."},
+            "role": _nullable({"type": "string", "enum": ["regular", "prefill", "decode"], "default": "regular"}),
+            "model_id": _nullable({"type": "string", "minLength": 1,
+                                   "description": "Discovered from the worker's /v1/models when absent."}),
+            "bootstrap_port": _nullable({"type": "integer", "minimum": 1, "maximum": 65535,
+                                         "description": "A prefill worker's PD bootstrap port."}),
+            "labels": _nullable({"type": "object", "additionalProperties": {"type": "string"},
+                                 "description": "`policy=<name>` chooses the policy of the worker's model."}),
+            "priority": {"type": "integer", "default": 50},
+            "owner": _nullable({"type": "string", "default": "user",
+                                "description": "Who registered it (the operator writes its own name)."}),
+            "draining": {"description": "Ignored here; PATCH sets it."},
+        },
+    },
+    "WorkerPatch": {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "labels": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
+            "priority": {"type": "integer"},
+            "draining": _nullable({"type": "boolean", "description": "true: stop routing to it, in-flight finish."}),
+        },
+    },
+    "Worker": {
+        "type": "object",
+        "required": ["id", "url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner", "status",
+                     "routable", "breaker", "load"],
+        "properties": {
+            "id": {"type": "string"}, "url": {"type": "string"},
+            "role": {"type": "string", "enum": ["regular", "prefill", "decode"]},
+            "model_id": _nullable({"type": "string"}),
+            "bootstrap_port": _nullable({"type": "integer"}),
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "priority": {"type": "integer"}, "owner": {"type": "string"},
+            "status": {"type": "string", "enum": ["pending", "ready", "not_ready", "draining", "failed"]},
+            "routable": {"type": "boolean"},
+            "breaker": {"type": "string"},
+            "load": {"type": "object", "required": ["inflight", "backend", "processed"], "properties": {
+                "inflight": {"type": "integer"}, "backend": _nullable({"type": "integer"}),
+                "processed": {"type": "integer"}}},
+        },
+    },
+    "Removed": {
+        "type": "object", "required": ["removed", "drained"],
+        "properties": {"removed": _ref("Worker"),
+                       "drained": {"type": "boolean", "description": "false: the drain timed out first"}},
+    },
+    "Probe": {
+        "type": "object", "required": ["status"],
+        "properties": {"status": {"type": "string"}, "workers": {"type": "integer"}, "routable": {"type": "integer"}},
+    },
+}
+
+SCHEMAS["WorkerReplacement"] = {
+    **{k: v for k, v in SCHEMAS["WorkerSpec"].items() if k != "required"},
+    "description": "A whole new spec (PUT): what it leaves out takes its default; `url` may be left out but "
+                   "cannot change, and a missing `model_id` keeps the known one.",
+}
+
+Security = list[dict[str, list[str]]]
+ADMIN: Security = [{"adminKey": []}]
+DATA: Security = [{"apiKey": []}]
+OPEN: Security = []
+WORKER_ID = {"name": "worker_id", "in": "path", "required": True, "schema": {"type": "string"},
+             "description": "`w-` and 12 hex digits of the URL's SHA-1 (GET /workers lists them)."}
+DRAIN_TIMEOUT = {"name": "timeout", "in": "query", "required": False,
+                 "schema": {"type": "number", "minimum": 0},
+                 "description": "Seconds to wait for in-flight requests (default --drain-timeout)."}
+QUERY_URL = {"name": "url", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}}
+
+
+def _generation(summary: str, request: str) -> dict[str, Any]:
+    return {"post": {
+        "summary": summary, "security": DATA, "requestBody": _body(_ref(request)),
+        "responses": {
+            "200": {"description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
+                    "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": {"type": "string"}}}},
+            **_errors(400, 401, 404, 413, 502, 503, 504),
+            "default": {"description": "Any other error the worker answered, relayed",
+                        "content": _json_content(_ref("Error"))},
+        },
+    }}
+
+
+def _probe(summary: str, *, can_fail: bool) -> dict[str, Any]:
+    responses = _ok("Ready" if can_fail else "Alive", _ref("Probe"))
+    if can_fail:
+        responses |= _ok("Not ready: no routable worker, or shutting down", _ref("Probe"), 503)
+    return {"get": {"summary": summary, "security": OPEN, "responses": responses}}
+
+
+def _paths() -> dict[str, Any]:
+    worker = _ref("Worker")
+    return {
+        "/v1/chat/completions": _generation("Chat completion, routed to a worker", "ChatCompletionRequest"),
+        "/v1/completions": _generation("Completion, routed to a worker", "CompletionRequest"),
+        "/generate": _generation("SGLang generate, routed to a worker", "GenerateRequest"),
+        "/v1/models": {"get": {
+            "summary": "Models of the routable workers", "security": DATA,
+            "responses": {**_ok("Models", {"type": "object", "required": ["object", "data"], "properties": {
+                "object": {"type": "string"}, "data": {"type": "array", "items": {
+                    "type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}}}}),
+                **_errors(401)}}},
+        "/health": _probe("Same as /readiness", can_fail=True),
+        "/liveness": _probe("The process serves", can_fail=False),
+        "/readiness": _probe("At least one routable worker (PD: a prefill and a decode one)", can_fail=True),
+        "/metrics": {"get": {"summary": "Prometheus metrics (docs/metrics.md)", "security": OPEN, "responses": {
+            "200": {"description": "Text exposition format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        DOCUMENT_PATH: {"get": {"summary": "This document", "security": OPEN,
+                                "responses": _ok("OpenAPI 3.1 document", {"type": "object"})}},
+        "/workers": {
+            "post": {"summary": "Register a worker", "security": ADMIN, "requestBody": _body(_ref("WorkerSpec")),
+                     "responses": {**_ok("Already registered with this spec", worker),
+                                   **_ok("Registered", worker, 201), **_errors(400, 401, 409, 413)}},
+            "get": {"summary": "Every registered worker", "security": OPEN,
+                    "responses": _ok("The fleet", {"type": "object", "required": ["workers"], "properties": {
+                        "workers": {"type": "array", "items": worker}}})},
+        },
+        "/workers/{worker_id}": {
+            "parameters": [WORKER_ID],
+            "get": {"summary": "One worker", "security": OPEN, "responses": {**_ok("The worker", worker),
+                                                                            **_errors(404)}},
+            "patch": {"summary": "Change labels, priority or draining", "security": ADMIN,
+                      "requestBody": _body(_ref("WorkerPatch")),
+                      "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)}},
+            "put": {"summary": "Replace the spec (url may be left out: it cannot change)", "security": ADMIN,
+                    "requestBody": _body(_ref("WorkerReplacement")),
+                    "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)}},
+            "delete": {"summary": "Drain, then remove", "security": ADMIN, "parameters": [DRAIN_TIMEOUT],
+                       "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)}},
+        },
+        "/add_worker": {"post": {
+            "summary": "SGLang router compatible: register a worker by URL", "security": ADMIN,
+            "parameters": [QUERY_URL],
+            "responses": {**_ok("Already registered", worker), **_ok("Registered", worker, 201),
+                          **_errors(400, 401, 409)}}},
+        "/remove_worker": {"post": {
+            "summary": "SGLang router compatible: drain and remove a worker by URL", "security": ADMIN,
+            "parameters": [QUERY_URL, DRAIN_TIMEOUT],
+            "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)}}},
+        "/list_workers": {"get": {
+            "summary": "SGLang router compatible: the registered URLs", "security": OPEN,
+            "responses": _ok("URLs", {"type": "object", "required": ["urls"], "properties": {
+                "urls": {"type": "array", "items": {"type": "string"}}}})}},
+    }
+
+
+def _version() -> str:
+    try:
+        return version("smg-router-py")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0.0.0"
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The whole document (built once; callers must not change it)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "SMG router", "version": _version(),
+                 "description": "OpenAI-compatible data plane and lifecycle API of a cache-aware LLM router. "
+                                "Errors are `{\"error\": {\"message\", \"type\", \"code\"}}`."},
+        "paths": _paths(),
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "adminKey": {"type": "http", "scheme": "bearer",
+                             "description": "--admin-api-key; lifecycle mutations need it when one is set"},
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "--api-key; the data plane needs it when one is set"},
+            },
+        },
+    }
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return json_response(document())
