@@ -58,7 +58,7 @@ def _content_text(content: Any) -> str:
 def _ids_text(ids: list[Any], field: str) -> str:
     try:
         return "".join(map(chr, ids))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # chr() overflows past a C int: 2**31 is a token id too
         if all(isinstance(i, int) for i in ids):
             return " ".join(map(str, ids))
         raise BadRequest(f"{field} must be a list of token ids", code="invalid_field") from None

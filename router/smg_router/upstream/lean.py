@@ -6,14 +6,19 @@ body, release, abort) with far less work per request than aiohttp's ``ClientSess
 of known length, responses framed by Content-Length, chunked encoding or connection close.
 
 Backpressure: a response body that arrives faster than the proxy forwards it pauses reading from the worker.
-A total deadline per request closes the connection when it passes.  A connection goes back to the pool only
-after a complete response the worker agreed to keep alive; anything else closes it.
+Three bounds per request, kept by one lazily re-armed timer: the response headers within the first-byte
+timeout, no silence longer than the stream-idle timeout between body bytes (time spent paused for our own
+reader does not count), the whole response within the total timeout; past one the request fails with
+``TimeoutError`` and the connection is closed.  A connection goes back to the pool only after a complete
+response the worker agreed to keep alive, and is reused only if nothing arrived on it in between; anything
+else closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import select
 from collections.abc import AsyncIterator, Mapping
 from urllib.parse import urlsplit
@@ -27,11 +32,24 @@ HIGH_WATER = 256 * 1024
 MAX_IDLE_PER_HOST = 256
 
 
+class _Timeouts:
+    __slots__ = ("first_byte", "idle", "total")
+
+    def __init__(self, *, total: float, first_byte: float | None, idle: float | None) -> None:
+        self.total = total
+        self.first_byte = math.inf if first_byte is None else first_byte
+        self.idle = math.inf if idle is None else idle
+
+
 class _Conn(asyncio.Protocol):
     """One keep-alive connection to a worker, carrying one request at a time."""
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(self, key: tuple[str, int], timeouts: _Timeouts) -> None:
         self.key = key
+        self._timeouts = timeouts
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline_at = self._first_byte_at = self.last_data = 0.0
         self.transport: asyncio.Transport | None = None
         self.fd = -1
         self.closed = False
@@ -41,8 +59,7 @@ class _Conn(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.headers_done: asyncio.Future[None] = loop.create_future()
+        self.headers_done: asyncio.Future[None] = self._loop.create_future()
         self.status = 0
         self.header_list: list[tuple[str, str]] = []
         self.headers: dict[str, str] = {}
@@ -91,6 +108,7 @@ class _Conn(asyncio.Protocol):
             else:
                 why = f": {exc}" if exc else ""
                 self._fail(ConnectionResetError(f"worker closed the connection mid-response{why}"))
+        self.unwatch()
         self._wake()
 
     def resume_writing(self) -> None:  # pragma: no cover - request bodies are small
@@ -116,10 +134,12 @@ class _Conn(asyncio.Protocol):
         self.headers = headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
         te = headers.get("transfer-encoding")
         self.framed = te.rstrip().lower().endswith("chunked") if te is not None else "content-length" in headers
+        self.last_data = self._loop.time()
         if not self.headers_done.done():
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        self.last_data = self._loop.time()
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -132,6 +152,7 @@ class _Conn(asyncio.Protocol):
             return  # the end of an informational response: the parser goes on to the next one
         self.keep_alive = self._parser.should_keep_alive()  # only meaningful inside the parser's callbacks
         self.complete = True
+        self.unwatch()
         self._wake()
 
     # -- used by the response ------------------------------------------------------------------
@@ -150,8 +171,54 @@ class _Conn(asyncio.Protocol):
         self.buffered -= len(chunk)
         if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
             self.paused = False
+            self.last_data = self._loop.time()  # the worker's silence counts again from now
             self.transport.resume_reading()
         return chunk
+
+    # -- the request's timers ------------------------------------------------------------------
+    def watch(self) -> None:
+        """The request was just sent: arm its bounds.
+
+        One timer per request, never touched on the hot path (a body chunk only notes the time): it fires no
+        later than the earliest moment a bound could be passed and, when none was, re-arms itself for the next.
+        """
+        now = self._loop.time()
+        t = self._timeouts
+        self._deadline_at = now + t.total
+        self._first_byte_at = now + t.first_byte
+        self._timer = self._loop.call_at(min(self._first_byte_at, now + t.idle, self._deadline_at), self._check)
+
+    def unwatch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.complete or self.closed or self.error is not None:
+            return
+        t = self._timeouts
+        now = self._loop.time()
+        if now >= self._deadline_at:
+            self._time_out(f"the worker did not finish within {t.total:g} s")
+            return
+        if not self.headers_done.done():
+            if now >= self._first_byte_at:
+                self._time_out(f"no response headers from the worker within {t.first_byte:g} s")
+                return
+            due = min(self._first_byte_at, now + t.idle)  # headers may come any time, the idle clock with them
+        elif self.paused:
+            due = now + t.idle  # the worker is not silent: we stopped reading (take() restarts the clock)
+        else:
+            due = self.last_data + t.idle
+            if now >= due:
+                self._time_out(f"the worker sent nothing for {t.idle:g} s in the middle of its response")
+                return
+        self._timer = self._loop.call_at(min(due, self._deadline_at), self._check)
+
+    def _time_out(self, message: str) -> None:
+        self._fail(TimeoutError(message))
+        self.close()
 
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and self.error is None
@@ -180,12 +247,11 @@ class _Conn(asyncio.Protocol):
 
 
 class LeanResponse:
-    __slots__ = ("_client", "_conn", "_deadline", "_done", "headers", "status")
+    __slots__ = ("_client", "_conn", "_done", "headers", "status")
 
-    def __init__(self, client: LeanUpstream, conn: _Conn, deadline: asyncio.TimerHandle) -> None:
+    def __init__(self, client: LeanUpstream, conn: _Conn) -> None:
         self._client = client
         self._conn = conn
-        self._deadline = deadline
         self._done = False
         self.status = conn.status
         self.headers: Mapping[str, str] = conn.headers
@@ -221,22 +287,27 @@ class LeanResponse:
         if self._done:
             return
         self._done = True
-        self._deadline.cancel()
+        self._conn.unwatch()
         self._client._give_back(self._conn)
 
     def abort(self) -> None:
         if not self._done:
             self._done = True
-            self._deadline.cancel()
+            self._conn.unwatch()
             self._conn.close()
 
 
 class LeanUpstream:
-    """The plain-http transport of ``client.Upstream``."""
+    """The plain-http transport of ``client.Upstream``.
 
-    def __init__(self, *, connect_timeout: float, total_timeout: float) -> None:
+    ``first_byte_timeout``: request sent → response headers; ``stream_idle_timeout``: the longest silence
+    between body bytes; ``total_timeout``: the whole response.  None leaves a bound to the total one.
+    """
+
+    def __init__(self, *, connect_timeout: float, total_timeout: float, first_byte_timeout: float | None = None,
+                 stream_idle_timeout: float | None = None) -> None:
         self._connect_timeout = connect_timeout
-        self._total_timeout = total_timeout
+        self._timeouts = _Timeouts(total=total_timeout, first_byte=first_byte_timeout, idle=stream_idle_timeout)
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
 
@@ -277,7 +348,7 @@ class LeanUpstream:
     async def _connect(self, key: tuple[str, int]) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Conn(key), key[0], key[1]),
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Conn(key, self._timeouts), *key),
                                              self._connect_timeout)
         except (OSError, TimeoutError) as e:
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {str(e) or type(e).__name__}") from None
@@ -307,14 +378,14 @@ class LeanUpstream:
     async def _send(self, conn: _Conn, request: bytes) -> LeanResponse:
         assert conn.transport is not None
         conn.transport.write(request)
-        deadline = asyncio.get_running_loop().call_later(self._total_timeout, _expire, conn)
+        conn.watch()
         try:
             await conn.headers_done
         except BaseException:
-            deadline.cancel()
+            conn.unwatch()
             conn.close()
             raise
-        return LeanResponse(self, conn, deadline)
+        return LeanResponse(self, conn)
 
 
 def _readable(fd: int) -> bool:
@@ -326,8 +397,3 @@ def _readable(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
-
-
-def _expire(conn: _Conn) -> None:
-    conn._fail(TimeoutError("the worker did not finish in time"))
-    conn.close()

@@ -1,7 +1,13 @@
-"""The https transport: aiohttp's ``ClientSession``, which brings TLS (DESIGN 2.9: costly, so http uses ``lean``)."""
+"""The https transport: aiohttp's ``ClientSession``, which brings TLS (DESIGN 2.9: costly, so http uses ``lean``).
+
+It keeps the interface's error contract, as ``lean`` does: before the response headers a failure is an
+``UpstreamConnectError`` and a missed first-byte (or total) deadline a ``TimeoutError``; while the body is
+read, a silence longer than the stream-idle timeout is a ``TimeoutError`` and a broken body an ``OSError``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
@@ -10,21 +16,40 @@ from smg_router.upstream.base import UpstreamConnectError, UpstreamResponse
 
 
 class SessionResponse:
-    __slots__ = ("_resp", "status")
+    __slots__ = ("_idle", "_resp", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, idle: float | None) -> None:
         self._resp = resp
+        self._idle = idle
         self.status = resp.status
 
     @property
     def headers(self) -> Mapping[str, str]:
         return self._resp.headers
 
-    async def read(self) -> bytes:
-        return await self._resp.read()
+    async def _next(self) -> bytes:
+        """What has arrived (waiting at most the stream-idle timeout for it); b"" at the end."""
+        idle = asyncio.timeout(self._idle)
+        try:
+            async with idle:
+                return await self._resp.content.readany()
+        except TimeoutError:  # ours, or the session's total deadline
+            raise TimeoutError(f"the worker sent nothing for {self._idle:g} s in the middle of its response"
+                               if idle.expired() else "the worker did not finish in time") from None
+        except aiohttp.ClientError as e:
+            raise ConnectionResetError(f"the worker broke off its response: {type(e).__name__}: {e}") from e
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._resp.content.iter_any()
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self._next():
+            parts.append(chunk)
+        self._resp.release()
+        return b"".join(parts)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self._next():
+            yield chunk
+        self._resp.release()
 
     def release(self) -> None:
         self._resp.release()
@@ -35,8 +60,13 @@ class SessionResponse:
 
 
 class SessionUpstream:
-    def __init__(self, *, connect_timeout: float, total_timeout: float) -> None:
+    """``first_byte_timeout`` bounds connect + request + response headers; the others as in ``lean``."""
+
+    def __init__(self, *, connect_timeout: float, total_timeout: float, first_byte_timeout: float | None = None,
+                 stream_idle_timeout: float | None = None) -> None:
         self._timeout = aiohttp.ClientTimeout(total=total_timeout, sock_connect=connect_timeout)
+        self._first_byte = first_byte_timeout
+        self._idle = stream_idle_timeout
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -52,8 +82,15 @@ class SessionUpstream:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         if self._session is None:
             raise RuntimeError("SessionUpstream.start() was not awaited")
+        first_byte = asyncio.timeout(self._first_byte)
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as e:
+            async with first_byte:
+                resp = await self._session.post(url, data=body, headers=headers)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # a connect timeout included
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
-        return SessionResponse(resp)
+        except TimeoutError:  # ours or the session's total deadline; before OSError, whose subclass it is
+            raise TimeoutError(f"no response headers from the worker within {self._first_byte:g} s"
+                               if first_byte.expired() else "the worker did not finish in time") from None
+        except OSError as e:
+            raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
+        return SessionResponse(resp, self._idle)

@@ -1,0 +1,186 @@
+"""The first-byte and stream-idle timeouts (DESIGN 6.1): both transports in process against a raw-socket worker.
+
+A worker that sends no response headers in time fails the attempt like a connect error (retried on
+another worker, counted by its breaker, a 504 when none is left); one that falls silent in the middle of
+its body ends a stream with an ``upstream_timeout`` error event and ``[DONE]``, a non-streaming answer with
+a 504.  Neither bound counts time the router itself spends not reading, nor bounds a body that keeps coming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
+from smg_router.upstream.session import SessionUpstream
+
+HOST = "127.0.0.72"
+LIMIT = 20.0
+"""Seconds any in-process test may take (generous: a hang fails here, not at the suite's timeout)."""
+
+Script = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
+"""Writes the answer to one request (given its path); returning closes the connection."""
+
+
+@contextlib.asynccontextmanager
+async def raw_worker(script: Script, host: str = HOST) -> AsyncIterator[str]:
+    """Reads one request per connection and lets ``script`` answer it; torn down without leaking a task."""
+    tasks: set[asyncio.Task[None]] = set()
+    writers: list[asyncio.StreamWriter] = []
+    stop = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        writers.append(writer)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            answer = asyncio.ensure_future(script(head.split(b" ")[1], writer))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([answer, stopped], return_when=asyncio.FIRST_COMPLETED)
+            for f in (answer, stopped):
+                f.cancel()
+            await asyncio.gather(answer, stopped, return_exceptions=True)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            tasks.discard(task)
+
+    server = await asyncio.start_server(serve, host, 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.close()
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def forever() -> None:
+    await asyncio.Event().wait()
+
+
+async def no_headers(path: bytes, writer: asyncio.StreamWriter) -> None:
+    await forever()  # read the request, never answer: a hung engine
+
+
+async def one_event_then_silence(path: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"9\r\ndata: 1\n\n\r\n")
+    await writer.drain()
+    await forever()
+
+
+def trickle(*, gap: float, count: int, pad: int = 0) -> Script:
+    """Headers at once, then ``count`` events ``gap`` seconds apart, then the end."""
+    async def script(path: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(count):
+            await asyncio.sleep(gap)
+            event = b"data: %d\n\n" % i + b"x" * pad
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await forever()  # keep-alive: the connection stays open
+    return script
+
+
+async def reset_mid_body(path: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 100)
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()  # an RST, as from a crashed worker
+
+
+Client = LeanUpstream | SessionUpstream
+
+
+@pytest.fixture(params=["lean", "session"])
+async def make_client(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    """Builds the transport under test (both speak plain http; ``Upstream`` sends only https to ``session``)."""
+    made: list[Client] = []
+
+    async def make(*, first_byte: float | None = None, idle: float | None = None) -> Client:
+        cls = LeanUpstream if request.param == "lean" else SessionUpstream
+        c = cls(connect_timeout=2, total_timeout=LIMIT * 2, first_byte_timeout=first_byte, stream_idle_timeout=idle)
+        await c.start()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.close()
+
+
+# -- both transports, in process ------------------------------------------------------------------------------
+
+
+async def test_no_response_headers_within_the_first_byte_timeout_is_a_timeout_error(make_client) -> None:
+    client = await make_client(first_byte=0.5, idle=5)
+    async with asyncio.timeout(LIMIT), raw_worker(no_headers) as url:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await client.post(url + "/v1/completions", b"{}", {})
+        assert 0.45 <= time.monotonic() - t0 < 3
+
+
+async def test_a_worker_silent_mid_body_past_the_idle_timeout_is_a_timeout_error(make_client) -> None:
+    client = await make_client(first_byte=5, idle=0.5)
+    async with asyncio.timeout(LIMIT), raw_worker(one_event_then_silence) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        assert r.status == 200
+        got = []
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async for chunk in r.chunks():
+                got.append(chunk)
+                t0 = time.monotonic()
+        assert 0.45 <= time.monotonic() - t0 < 3
+        assert b"".join(got) == b"data: 1\n\n"
+        r.abort()
+
+
+async def test_the_idle_timeout_bounds_each_gap_not_the_whole_body(make_client) -> None:
+    client = await make_client(first_byte=0.5, idle=0.6)
+    async with asyncio.timeout(LIMIT), raw_worker(trickle(gap=0.2, count=10)) as url:
+        t0 = time.monotonic()
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        body = b"".join([c async for c in r.chunks()])
+        assert body == b"".join(b"data: %d\n\n" % i for i in range(10))
+        assert time.monotonic() - t0 > 1.5, "the body took longer than both timeouts together"
+
+
+async def test_time_the_router_spends_not_reading_does_not_count_as_the_workers_silence(make_client) -> None:
+    client = await make_client(first_byte=2, idle=0.5)
+    events = 200
+    async with asyncio.timeout(LIMIT), raw_worker(trickle(gap=0, count=events, pad=16 * 1024)) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})  # ~3 MB: far above what is buffered unread
+        it = aiter(r.chunks())
+        first = await anext(it)
+        await asyncio.sleep(1.5)  # a slow client: three idle timeouts without reading
+        rest = [c async for c in it]
+        assert len(first) + sum(map(len, rest)) > 4 * HIGH_WATER
+        assert (first + b"".join(rest)).count(b"data: ") == events
+
+
+async def test_a_worker_that_breaks_off_mid_body_is_an_os_error_not_a_timeout(make_client) -> None:
+    client = await make_client(first_byte=5, idle=5)
+    async with asyncio.timeout(LIMIT), raw_worker(reset_mid_body) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        with pytest.raises(OSError) as caught:
+            await r.read()
+        assert not isinstance(caught.value, TimeoutError), caught.value
+        r.abort()
