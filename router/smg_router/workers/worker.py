@@ -33,7 +33,10 @@ def normalize_url(raw: object) -> str:
     """Accept ``http(s)://host[:port][/]`` only; return it without a trailing slash."""
     if not isinstance(raw, str) or not raw:
         raise SpecError("url", "must be a non-empty string like http://10.0.0.5:8000")
-    parts = urlsplit(raw.strip())
+    try:
+        parts = urlsplit(raw.strip())
+    except ValueError as e:  # "http://[" (an unclosed IPv6 bracket), a backslash or NFKC trick in the host
+        raise SpecError("url", f"{raw!r} is not a valid URL ({e})") from None
     if parts.username is not None or parts.password is not None:  # it would show in /workers, metrics and logs
         raise SpecError("url", "must not carry credentials (user:password@); workers are called without them")
     if parts.scheme not in ("http", "https") or not parts.hostname:
