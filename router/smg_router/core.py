@@ -44,7 +44,9 @@ class RouterCore:
         self.fleet = Fleet(settings=settings, registry=self.registry, policies=self.policies, loads=self.loads,
                            metrics=self.metrics)
         self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
-                                 total_timeout=settings.server.request_timeout)
+                                 total_timeout=settings.server.request_timeout,
+                                 first_byte_timeout=settings.server.first_byte_timeout,
+                                 stream_idle_timeout=settings.server.stream_idle_timeout)
         server = settings.server
         self.admission = Admission(max_requests=server.max_concurrent_requests, max_bytes=server.max_inflight_bytes,
                                    max_body=server.max_payload_size, metrics=self.metrics)

@@ -95,6 +95,17 @@ class ServerSettings:
     over it, 503 with Retry-After.  Bodies cost about four times their size in memory while parsed."""
     request_timeout: float = 1800.0
     """Upper bound of one upstream request, streaming included."""
+    first_byte_timeout: float = 300.0
+    """Request sent to a worker → its response headers.  Past it the attempt fails like a connect error
+    (retried on another worker while nothing reached the client, a 504 when none is left) and counts
+    against the worker's breaker.  Generous: under load a long prompt's queueing + prefill takes tens of
+    seconds, and engines (vLLM, SGLang, llama.cpp) send a non-streaming answer's headers only after its
+    last token, so this also bounds a whole non-streaming generation; a stream's headers come at once."""
+    stream_idle_timeout: float = 120.0
+    """Longest silence between two pieces of a worker's response body, the wait for a stream's first
+    token (queueing + prefill) included; time the router itself stops reading for a slow client does
+    not count.  Past it a stream ends with an ``upstream_timeout`` error event and [DONE], a non-streaming
+    answer is a 504."""
     connect_timeout: float = 5.0
     drain_timeout: float = 30.0
     """How long DELETE /workers/{id} waits for the worker's in-flight requests to finish."""
@@ -185,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-inflight-bytes", s.max_inflight_bytes, type=int,
         help="request body bytes held at once (503 with Retry-After above)")
     add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
+    add("--first-byte-timeout", s.first_byte_timeout, type=float,
+        help="seconds from sending a request to a worker until its response headers; past it the attempt is "
+        "retried elsewhere (or a 504). Generous because a long prompt's queueing + prefill under load takes "
+        "tens of seconds and engines send a non-streaming answer's headers only after its last token")
+    add("--stream-idle-timeout", s.stream_idle_timeout, type=float,
+        help="longest silence between two pieces of a worker's response body, the wait for a stream's first "
+        "token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)")
     add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
     add("--shutdown-delay", s.shutdown_delay, type=float,
         help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)")
@@ -218,6 +236,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
         parser.error("--max-payload-size and --max-concurrent-requests must be positive, and "
                      "--max-inflight-bytes at least --max-payload-size")
+    if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout) <= 0:
+        parser.error("--request-timeout, --first-byte-timeout and --stream-idle-timeout must be positive")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
         parser.error("--shutdown-delay and --shutdown-timeout must not be negative")
     for flag in ("policy", "prefill_policy", "decode_policy"):
@@ -252,7 +272,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         server=ServerSettings(
             host=a.host, port=a.port, max_payload_size=a.max_payload_size,
             max_concurrent_requests=a.max_concurrent_requests, max_inflight_bytes=a.max_inflight_bytes,
-            request_timeout=a.request_timeout, drain_timeout=a.drain_timeout,
+            request_timeout=a.request_timeout, first_byte_timeout=a.first_byte_timeout,
+            stream_idle_timeout=a.stream_idle_timeout, drain_timeout=a.drain_timeout,
             shutdown_delay=a.shutdown_delay, shutdown_timeout=a.shutdown_timeout,
             admin_api_key=a.admin_api_key or None, api_key=a.api_key or None, log_level=a.log_level,
         ),

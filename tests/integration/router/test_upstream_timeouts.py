@@ -1,4 +1,5 @@
-"""The first-byte and stream-idle timeouts (DESIGN 6.1): both transports in process against a raw-socket worker.
+"""The first-byte and stream-idle timeouts (DESIGN 6.1): both transports in process against a raw-socket
+worker, then the router as a real process in front of hung, stalled and stopped workers.
 
 A worker that sends no response headers in time fails the attempt like a connect error (retried on
 another worker, counted by its breaker, a 504 when none is left); one that falls silent in the middle of
@@ -10,14 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
 import socket
 import struct
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
+import aiohttp
 import pytest
 from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
 from smg_router.upstream.session import SessionUpstream
+from support.procs import MODEL, http_json, start_router, start_sim, wait_until
 
 HOST = "127.0.0.72"
 LIMIT = 20.0
@@ -184,3 +192,113 @@ async def test_a_worker_that_breaks_off_mid_body_is_an_os_error_not_a_timeout(ma
             await r.read()
         assert not isinstance(caught.value, TimeoutError), caught.value
         r.abort()
+
+
+# -- the router, as a real process ----------------------------------------------------------------------------
+
+
+def test_a_hung_worker_is_retried_on_a_healthy_one_and_its_breaker_counts_the_failures(logs: Path) -> None:
+    good = start_sim(logs)
+    hung = start_sim(logs, extra=["--hang-rate", "1"])
+    r = start_router(logs, workers=[good.url, hung.url],
+                     args=["--policy", "round_robin", "--first-byte-timeout", "1", "--max-retries", "2",
+                           "--breaker-failure-threshold", "2", "--breaker-cooldown", "60"])
+    try:
+        r.wait_routable(2)
+        t0 = time.monotonic()
+        for i in range(6):
+            status, body = http_json("POST", r.url + "/v1/completions",
+                                     {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1}, timeout=30)
+            assert status == 200, body
+        hung_worker = next(w for w in r.workers() if w["url"] == hung.url)
+        assert hung_worker["breaker"] == "open" and hung_worker["routable"] is False
+        assert hung_worker["load"]["inflight"] == 0
+        assert time.monotonic() - t0 < 20
+        assert "Traceback" not in r.log()
+    finally:
+        r.stop()
+        good.stop()
+        hung.stop()
+
+
+def test_with_only_a_hung_worker_the_client_gets_an_openai_shaped_504(logs: Path) -> None:
+    hung = start_sim(logs, extra=["--hang-rate", "1"])
+    r = start_router(logs, workers=[hung.url], args=["--first-byte-timeout", "1"])
+    try:
+        r.wait_routable(1)
+        t0 = time.monotonic()
+        status, body = http_json("POST", r.url + "/v1/chat/completions",
+                                 {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        assert status == 504, body
+        assert body["error"]["type"] == "upstream_timeout" and body["error"]["message"], body
+        assert 0.9 <= time.monotonic() - t0 < 10
+        assert r.workers()[0]["load"]["inflight"] == 0
+    finally:
+        r.stop()
+        hung.stop()
+
+
+async def test_a_stream_whose_worker_stops_sending_ends_with_an_upstream_timeout_event(logs: Path) -> None:
+    sim = start_sim(logs, time_scale=1.0)
+    idle = 1.5
+    r = start_router(logs, workers=[sim.url], args=["--stream-idle-timeout", str(idle)])
+    stopped = False
+    try:
+        await asyncio.to_thread(r.wait_routable, 1)
+        body = {"model": MODEL, "prompt": f"{uuid.uuid4()} a long story", "max_tokens": 3000, "stream": True}
+        raw = b""
+        async with aiohttp.ClientSession() as s, s.post(r.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            async for chunk in resp.content.iter_any():
+                raw += chunk
+                if not stopped and raw.count(b"data: ") >= 3:
+                    os.kill(sim.popen.pid, signal.SIGSTOP)  # the worker freezes: its connection stays open, silent
+                    stopped, t_stop = True, time.monotonic()
+            elapsed = time.monotonic() - t_stop
+        events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "upstream_timeout" and error["type"] == "upstream_timeout" and error["message"]
+        assert idle * 0.9 <= elapsed < idle + 5, elapsed
+        assert "Traceback" not in r.log()
+    finally:
+        if stopped:
+            os.kill(sim.popen.pid, signal.SIGCONT)
+        r.stop()
+        sim.stop()
+
+
+async def _stalled_json(path: bytes, writer: asyncio.StreamWriter) -> None:
+    """/health and /v1/models answer; a completion's body stops after a few bytes, the connection open."""
+    if path == b"/health":
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    elif path == b"/v1/models":
+        models = json.dumps({"data": [{"id": MODEL}]}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(models), models))
+    elif path == b"/v1/completions":
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"id":')
+        await writer.drain()
+        await forever()
+    else:
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+
+
+async def test_a_json_answer_that_stalls_mid_body_is_a_504_counted_by_the_breaker(logs: Path) -> None:
+    async with raw_worker(_stalled_json, host="127.0.0.92") as url:
+        r = start_router(logs, workers=[url], args=["--stream-idle-timeout", "0.5", "--max-retries", "0",
+                                                    "--breaker-failure-threshold", "2", "--breaker-cooldown", "60"])
+        try:
+            await asyncio.to_thread(r.wait_routable, 1)
+            for _ in range(2):
+                t0 = time.monotonic()
+                status, body = await asyncio.to_thread(
+                    http_json, "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+                assert status == 504, body
+                assert body["error"]["type"] == "upstream_timeout" and body["error"]["message"], body
+                assert 0.45 <= time.monotonic() - t0 < 5
+            await asyncio.to_thread(wait_until, lambda: r.workers()[0]["breaker"] == "open",
+                                    what="the breaker to open after two stalled answers")
+            assert "Traceback" not in r.log()
+        finally:
+            r.stop()
