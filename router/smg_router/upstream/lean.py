@@ -33,12 +33,14 @@ MAX_IDLE_PER_HOST = 256
 
 
 class _Timeouts:
-    __slots__ = ("first_byte", "idle", "total")
+    __slots__ = ("first_byte", "first_check", "idle", "total")
 
     def __init__(self, *, total: float, first_byte: float | None, idle: float | None) -> None:
         self.total = total
         self.first_byte = math.inf if first_byte is None else first_byte
         self.idle = math.inf if idle is None else idle
+        self.first_check = min(self.first_byte, self.idle, total)
+        """After sending: no bound can be passed sooner (the idle clock starts with the headers at the earliest)."""
 
 
 class _Conn(asyncio.Protocol):
@@ -67,8 +69,6 @@ class _Conn(asyncio.Protocol):
         self.buffered = 0
         self.complete = False
         self.keep_alive = False
-        self.framed = True
-        """The body's end is in its bytes (Content-Length or chunked), not at the worker's close."""
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
 
@@ -103,13 +103,19 @@ class _Conn(asyncio.Protocol):
         if not self.complete and self.error is None:
             if not self.headers_done.done():
                 self._fail(UpstreamConnectError(f"worker closed the connection{f': {exc}' if exc else ''}"))
-            elif by_worker and exc is None and not self.framed:
+            elif by_worker and exc is None and not self._framed():
                 self.complete = True  # a close-delimited body ends with a clean close (httptools has no EOF call)
             else:
                 why = f": {exc}" if exc else ""
                 self._fail(ConnectionResetError(f"worker closed the connection mid-response{why}"))
         self.unwatch()
         self._wake()
+
+    def _framed(self) -> bool:
+        """The body's end is in its bytes, not at the worker's close (RFC 9112 6.3: chunked as the last
+        transfer coding, else a Content-Length, else the body runs to the close)."""
+        te = self.headers.get("transfer-encoding")
+        return te.rstrip().lower().endswith("chunked") if te is not None else "content-length" in self.headers
 
     def resume_writing(self) -> None:  # pragma: no cover - request bodies are small
         pass
@@ -130,10 +136,7 @@ class _Conn(asyncio.Protocol):
             self.header_list.clear()  # 100 Continue, 103 Early Hints: informational, the final response follows
             return
         self.status = status
-        # RFC 9112 6.3: chunked as the last transfer coding, else a Content-Length, else the body runs to the close
-        self.headers = headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
-        te = headers.get("transfer-encoding")
-        self.framed = te.rstrip().lower().endswith("chunked") if te is not None else "content-length" in headers
+        self.headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
         self.last_data = self._loop.time()
         if not self.headers_done.done():
             self.headers_done.set_result(None)
@@ -186,7 +189,7 @@ class _Conn(asyncio.Protocol):
         t = self._timeouts
         self._deadline_at = now + t.total
         self._first_byte_at = now + t.first_byte
-        self._timer = self._loop.call_at(min(self._first_byte_at, now + t.idle, self._deadline_at), self._check)
+        self._timer = self._loop.call_at(now + t.first_check, self._check)
 
     def unwatch(self) -> None:
         if self._timer is not None:
