@@ -1,0 +1,279 @@
+"""Soak: a router in front of four simulated workers at ~80% of their capacity, one worker killed and restarted
+every interval, mixed streaming and non-streaming requests.  Prints (or emits as JSON) what was lost.
+
+Usage:  python bench/soak.py [--duration 600] [--kill-every 60] [--load 0.8] [--json]
+
+Capacity is measured first, through the router, on this machine: workers x --max-running closed-loop clients
+for --calibrate seconds (each `smg-sim` runs at most --max-running requests at once); arrivals are then
+Poisson at --load of the measured requests per second (a figure computed from the engine model alone
+overstates what a busy 2-core machine serves, and an overloaded fleet's queue grows without bound).
+
+Reported: non-streaming requests that did not answer 200 (must be 0: a killed worker's requests are retried
+before their first byte), streams that ended without `[DONE]` (must be 0; a stream cut by the kill ends with
+an error event, then `[DONE]`), the router's RSS after --warmup seconds and at the end (growth must stay under
+10%), and the longest event-loop lag (the upper edge of the highest non-empty bucket of
+`smg_event_loop_lag_seconds`).  Run from the repository root with the project's venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+
+MODEL = "soak-model"
+PROMPT = "soak " * 40
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except OSError:
+        return 0, b""
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if get(url, 1.0)[0] == 200:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def max_loop_lag(metrics: str) -> float:
+    """Upper edge of the highest bucket of smg_event_loop_lag_seconds that holds a sample."""
+    counts: list[tuple[float, float]] = []
+    for m in re.finditer(r'^smg_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics, re.M):
+        counts.append((float(m.group(1)), float(m.group(2))))
+    counts.sort()
+    previous, edge = 0.0, 0.0
+    for le, cumulative in counts:
+        if cumulative > previous:
+            edge = le
+        previous = cumulative
+    return edge
+
+
+@dataclass
+class Sim:
+    host: str
+    port: int
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_http(self.url + "/health")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    json_ok: int = 0
+    json_lost: list[str] = field(default_factory=list)
+    streams_done: int = 0
+    streams_cut_with_error_event: int = 0
+    streams_lost: list[str] = field(default_factory=list)
+    kills: int = 0
+    rss_first: int = 0
+    rss_last: int = 0
+    rss_samples: list[int] = field(default_factory=list)
+    max_loop_lag_s: float = 0.0
+    capacity_rps: float = 0.0
+    rate_rps: float = 0.0
+    duration_s: float = 0.0
+
+
+async def one_request(s: aiohttp.ClientSession, url: str, tally: Tally, *, stream: bool, max_tokens: int) -> None:
+    body = {"model": MODEL, "prompt": f"{uuid.uuid4()} {PROMPT}", "max_tokens": max_tokens, "stream": stream}
+    tally.sent += 1
+    try:
+        async with s.post(url + "/v1/completions", json=body) as resp:
+            raw = await resp.read()
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError) as e:
+        (tally.streams_lost if stream else tally.json_lost).append(f"{type(e).__name__}: {e}")
+        return
+    if not stream:
+        if status == 200:
+            tally.json_ok += 1
+        else:
+            tally.json_lost.append(f"{status}: {raw[:200]!r}")
+        return
+    events = [line[6:] for line in raw.decode(errors="replace").splitlines() if line.startswith("data: ")]
+    if status != 200 or not events or events[-1] != "[DONE]":
+        tally.streams_lost.append(f"{status}: ...{raw[-200:]!r}")
+    elif len(events) >= 2 and events[-2].startswith('{"error"'):
+        tally.streams_cut_with_error_event += 1
+    else:
+        tally.streams_done += 1
+
+
+async def measure_capacity(router_url: str, clients: int, args: argparse.Namespace) -> float:
+    """Completed requests per second with ``clients`` closed-loop clients (half of them streaming)."""
+    tally = Tally()
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        end = loop.time() + args.calibrate
+
+        async def client(i: int) -> int:
+            done = 0
+            while loop.time() < end:
+                await one_request(s, router_url, tally, stream=i % 2 == 0, max_tokens=args.max_tokens)
+                done += 1
+            return done
+
+        t0 = loop.time()
+        done = sum(await asyncio.gather(*(client(i) for i in range(clients))))
+        return done / (loop.time() - t0)
+
+
+async def drive(router_url: str, router_pid: int, sims: list[Sim], args: argparse.Namespace) -> Tally:
+    tally = Tally()
+    tally.capacity_rps = capacity = await measure_capacity(router_url, len(sims) * args.max_running, args)
+    tally.rate_rps = rate = capacity * args.load
+    rng = random.Random(args.seed)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    next_kill = start + args.kill_every
+    next_sample = start
+    tasks: set[asyncio.Task[None]] = set()
+    restarting: asyncio.Task[None] | None = None
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
+        while (now := loop.time()) - start < args.duration:
+            if now >= next_sample:
+                tally.rss_samples.append(rss_bytes(router_pid))
+                if not tally.rss_first and now - start >= args.warmup:
+                    tally.rss_first = tally.rss_samples[-1]
+                next_sample += 1.0
+            if now >= next_kill and restarting is None:
+                victim = sims[tally.kills % len(sims)]
+                victim.kill()
+                tally.kills += 1
+                # back on the same address and port, as a pod restarted in place; arrivals go on meanwhile
+                restarting = loop.create_task(asyncio.to_thread(victim.start))
+                next_kill += args.kill_every
+            if restarting is not None and restarting.done():
+                restarting.result()
+                restarting = None
+            task = loop.create_task(one_request(s, router_url, tally, stream=rng.random() < 0.5,
+                                                max_tokens=args.max_tokens))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await asyncio.sleep(rng.expovariate(rate))
+        tally.rss_samples.append(rss_bytes(router_pid))  # at the end of the arrivals, before the drain
+        if tasks:
+            await asyncio.wait(tasks, timeout=120)
+        if restarting is not None:
+            await restarting
+    tally.duration_s = loop.time() - start
+    tally.rss_last = tally.rss_samples[-1]
+    tally.max_loop_lag_s = max_loop_lag(get(router_url + "/metrics")[1].decode())
+    return tally
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=600.0)
+    p.add_argument("--kill-every", type=float, default=60.0)
+    p.add_argument("--load", type=float, default=0.8, help="fraction of the fleet's capacity")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--max-running", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--calibrate", type=float, default=10.0, help="seconds of measuring the fleet's capacity")
+    p.add_argument("--warmup", type=float, default=60.0,
+                   help="seconds after which the first RSS figure is taken (pools, caches and the tree are full)")
+    p.add_argument("--max-tree-chars", type=int, default=100_000, help="the router's --max-tree-size")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = p.parse_args(argv)
+    sims = []
+    for i in range(args.workers):
+        host = f"127.0.1.{10 + i}"
+        port = free_port(host)
+        sims.append(Sim(host, port, [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port),
+                                     "--model", MODEL, "--time-scale", "1", "--max-running", str(args.max_running),
+                                     "--log-level", "warning"]))
+    router: subprocess.Popen[bytes] | None = None
+    try:
+        for sim in sims:
+            sim.start()
+        port = free_port("127.0.0.1")
+        router = subprocess.Popen([sys.executable, "-m", "smg_router", "--port", str(port), "--log-level", "error",
+                                   "--health-check-interval", "0.5", "--shutdown-delay", "0",
+                                   # every prompt is unique: a small tree budget is reached within the first
+                                   # minute, so RSS growth after it measures leaks, not the tree filling up
+                                   "--max-tree-size", str(args.max_tree_chars),
+                                   "--worker-urls", *(s.url for s in sims)])
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status, body = get(url + "/workers")
+            if status == 200 and sum(w["routable"] for w in json.loads(body)["workers"]) == len(sims):
+                break
+            time.sleep(0.1)
+        tally = asyncio.run(drive(url, router.pid, sims, args))
+    finally:
+        if router is not None:
+            router.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                router.wait(timeout=40)
+        for sim in sims:
+            sim.kill()
+    growth = tally.rss_last / tally.rss_first - 1 if tally.rss_first else 0.0
+    result = {**asdict(tally), "rss_growth": growth, "json_lost": tally.json_lost[:10],
+              "streams_lost": tally.streams_lost[:10], "json_lost_count": len(tally.json_lost),
+              "streams_lost_count": len(tally.streams_lost)}
+    result["rss_mb_per_second"] = [round(b / 2**20, 1) for b in result.pop("rss_samples")]
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:32} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
