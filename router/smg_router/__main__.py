@@ -58,7 +58,7 @@ async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> Non
     await asyncio.sleep(s.shutdown_delay)
     await site.stop()  # no new connections; open ones keep being served
     if not await admission.wait_idle(s.shutdown_timeout):
-        ended = admission.end_streams()
+        ended = core.proxy.relay.end_streams()
         log.warning("shutdown timeout: ending %d stream(s) with an error event; %d request(s) left",
                     ended, len(admission))
         await admission.wait_idle(STREAM_END_GRACE)

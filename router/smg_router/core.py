@@ -15,13 +15,12 @@ from typing import Any
 
 from aiohttp import web
 
-from smg_router.admission import Admission
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
-from smg_router.request import FORWARD_REQUEST_HEADERS
+from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
 from smg_router.upstream import Upstream
 from smg_router.workers.load import LoadView
@@ -51,7 +50,7 @@ class RouterCore:
         self.admission = Admission(max_requests=server.max_concurrent_requests, max_bytes=server.max_inflight_bytes,
                                    max_body=server.max_payload_size, metrics=self.metrics)
         self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
-                           admission=self.admission, metrics=self.metrics, retry=settings.retry,
+                           metrics=self.metrics, retry=settings.retry,
                            pd_mode=settings.pd.enabled)
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(h for h in FORWARD_REQUEST_HEADERS

@@ -17,7 +17,6 @@ import time
 
 from aiohttp import web
 
-from smg_router.admission import Admission
 from smg_router.attempt import Attempts, is_retryable
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
@@ -34,14 +33,14 @@ log = logging.getLogger(__name__)
 
 class Proxy:
     def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, upstream: Upstream,
-                 admission: Admission, metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
+                 metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
-        self._relay = Relay(metrics=metrics, admission=admission)
-        self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self._relay,
+        self.relay = Relay(metrics=metrics)
+        self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self.relay,
                                 metrics=metrics) if pd_mode else None
 
     async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
@@ -116,7 +115,7 @@ class Proxy:
                     last_error = UpstreamError(f"worker answered {upstream.status}")
                     log.warning("worker %s answered %d; retrying elsewhere", worker.url, upstream.status)
                     continue
-                return await self._relay.relay(request, req, upstream, guard)
+                return await self.relay.relay(request, req, upstream, guard)
         if isinstance(last_error, TimeoutError):
             raise UpstreamTimeout(f"no worker answered in time after {len(tried)} attempt(s)")
         raise UpstreamError(f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
-from smg_router.admission import Admission
 from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
@@ -32,9 +31,21 @@ DROP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encodin
 
 
 class Relay:
-    def __init__(self, *, metrics: Metrics, admission: Admission) -> None:
+    """Relays answers; keeps the task of every stream it is passing through, for ``end_streams``."""
+
+    def __init__(self, *, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._admission = admission
+        self._streams: set[asyncio.Task[object]] = set()
+        self.closing = False
+        """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
+
+    def end_streams(self) -> int:
+        """At the shutdown deadline: cancel every stream still running (each ends with an error event and
+        ``[DONE]`` instead of a cut connection); returns how many."""
+        self.closing = True
+        for task in self._streams:
+            task.cancel()
+        return len(self._streams)
 
     async def relay(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
                     guard: AttemptGuard) -> web.StreamResponse:
@@ -64,7 +75,7 @@ class Relay:
         await out.prepare(request)
         task = asyncio.current_task()
         assert task is not None
-        self._admission.stream_started(task)
+        self._streams.add(task)
         try:
             chunks = aiter(upstream.chunks())
             first = True
@@ -89,14 +100,14 @@ class Relay:
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
                 await out.write(chunk)  # waits while the client is slow: backpressure
         except asyncio.CancelledError:
-            if not self._admission.closing:
+            if not self.closing:
                 raise  # the client went away
             task.uncancel()
             await _end_with_error(out, "the router is shutting down; retry the request", type="service_unavailable",
                                   code="router_shutting_down")
             return out
         finally:
-            self._admission.stream_ended(task)
+            self._streams.discard(task)
         await out.write_eof()
         guard.answered(upstream.status)
         return out

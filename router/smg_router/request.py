@@ -1,4 +1,10 @@
-"""The request path's one record: a generation request parsed once, from the handler to the answer.
+"""A generation request's way in: admission, then the request path's one record, parsed once.
+
+Admission comes before the body is read: the body must fit ``--max-payload-size`` (413), and the router
+must have room, both in requests (``--max-concurrent-requests``) and in body bytes held at once
+(``--max-inflight-bytes``; a body of unknown length reserves the payload limit until it is read).  Over
+either, a 503 with ``Retry-After`` (``smg_requests_rejected_total{reason}``): memory stays bounded whatever
+clients send.  The same count is what a graceful shutdown waits for (``Admission.wait_idle``).
 
 Parsing reads the model, whether it streams, and the routing text: the whole prompt as the engine will
 see it (every chat message in order with its role, not only the first; the completion prompt;
@@ -9,15 +15,21 @@ lists are prefixes of the text.  The record satisfies ``policies.base.RouteReque
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from smg_router.errors import BadRequest
-from smg_router.http_io import parse_json_object
+from aiohttp import web
+
+from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge
+from smg_router.http_io import parse_json_object, read_body
+from smg_router.metrics import Metrics
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 """Request kind → the endpoint path it arrives on and is forwarded to."""
+RETRY_AFTER_S = 1
 FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
 
@@ -116,3 +128,70 @@ def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = Non
     forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
     return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=body.get("stream") is True,
                         text=TEXT_OF[kind](body), body=body, raw=raw, headers=forwarded)
+
+
+class Admission:
+    """Admits generation requests before their body is read, and counts them until their answer is over."""
+
+    __slots__ = ("_bytes", "_count", "_idle", "_metrics", "max_body", "max_bytes", "max_requests")
+
+    def __init__(self, *, max_requests: int, max_bytes: int, max_body: int, metrics: Metrics) -> None:
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.max_body = max_body
+        self._metrics = metrics
+        self._count = 0
+        self._bytes = 0
+        self._idle: asyncio.Event | None = None  # made on first use, inside the running loop
+
+    def __len__(self) -> int:
+        return self._count
+
+    async def enter(self, request: web.Request) -> bytes:
+        """Admit the request and read its body; ``leave(len(body))`` when its answer is over."""
+        size = request.content_length
+        if size is not None and size > self.max_body:
+            self._reject("payload_too_large")
+            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {self.max_body} bytes",
+                                  code="payload_too_large")
+        reserved = self.max_body if size is None else size
+        if self._count >= self.max_requests or self._bytes + reserved > self.max_bytes:
+            reason = "concurrency" if self._count >= self.max_requests else "inflight_bytes"
+            self._reject(reason)
+            raise Overloaded(f"the router is at its limit ({self._count} requests, {self._bytes} body bytes in "
+                             "flight); retry shortly", code="overloaded", retry_after=RETRY_AFTER_S)
+        self._count += 1
+        self._bytes += reserved
+        if self._idle is not None:
+            self._idle.clear()
+        try:
+            body = await read_body(request, self.max_body)
+        except PayloadTooLarge:
+            self.leave(reserved)
+            self._reject("payload_too_large")
+            raise
+        except BaseException:
+            self.leave(reserved)
+            raise
+        self._bytes += len(body) - reserved  # hold what was read, not the reservation
+        return body
+
+    def leave(self, held: int) -> None:
+        self._count -= 1
+        self._bytes -= held
+        if self._count == 0 and self._idle is not None:
+            self._idle.set()
+
+    def _reject(self, reason: str) -> None:
+        self._metrics.requests_rejected.labels(reason).inc()
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """Whether every admitted request finished within ``seconds``."""
+        if self._count == 0:
+            return True
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
+        return self._count == 0

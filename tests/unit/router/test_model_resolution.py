@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from smg_router.admission import Admission
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable
 from smg_router.proxy import Proxy
 from smg_router.settings import RetrySettings
@@ -20,9 +19,8 @@ def _proxy(env: Env, *workers) -> Proxy:  # type: ignore[no-untyped-def]
         registry.add(w)
     policies = PolicyRegistry(env.factory, env.settings)
     policies.sync(registry)
-    admission = Admission(max_requests=8, max_bytes=1 << 20, max_body=1 << 16, metrics=env.metrics)
     return Proxy(registry=registry, policies=policies, upstream=Upstream(connect_timeout=1, total_timeout=1),
-                 admission=admission, metrics=env.metrics, retry=RetrySettings())
+                 metrics=env.metrics, retry=RetrySettings())
 
 
 def test_a_served_model_routes_by_its_name_and_an_unserved_one_is_404(env: Env) -> None:
