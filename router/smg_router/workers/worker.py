@@ -82,7 +82,8 @@ class WorkerSpec:
         }
         cur.update({k: v for k, v in data.items() if k in known})
         url = normalize_url(cur.get("url"))
-        role = cur.get("role") or "regular"
+        # only null (or leaving a field out) means its default: false, 0, [] or "" are wrong values, not absent ones
+        role = "regular" if cur.get("role") is None else cur["role"]
         if role not in ROLES:
             raise SpecError("role", f"must be one of {', '.join(ROLES)}, not {role!r}")
         model_id = cur.get("model_id")
@@ -91,14 +92,14 @@ class WorkerSpec:
         bport = cur.get("bootstrap_port")
         if bport is not None and (not isinstance(bport, int) or isinstance(bport, bool) or not 0 < bport < 65536):
             raise SpecError("bootstrap_port", "must be an integer port between 1 and 65535")
-        labels = cur.get("labels") or {}
+        labels = {} if cur.get("labels") is None else cur["labels"]
         if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                    for k, v in labels.items()):
             raise SpecError("labels", "must be an object of string keys and string values")
         priority = cur.get("priority", 50)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise SpecError("priority", "must be an integer")
-        owner = cur.get("owner") or "user"
+        owner = "user" if cur.get("owner") in (None, "") else cur["owner"]
         if not isinstance(owner, str):
             raise SpecError("owner", "must be a string")
         return cls(url=url, role=role, model_id=model_id, bootstrap_port=bport, labels=dict(labels),
