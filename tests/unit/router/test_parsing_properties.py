@@ -18,8 +18,10 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from smg_router.admin import PATCHABLE
 from smg_router.errors import BadRequest
+from smg_router.openapi import document
 from smg_router.request import ENDPOINTS, ProxyRequest, parse_request
 from smg_router.workers.worker import ROLES, SpecError, WorkerSpec, normalize_url
 
@@ -230,6 +232,23 @@ def test_from_json_returns_a_valid_spec_or_raises_spec_error_naming_a_field(data
     spec = _spec_or_spec_error(data)
     if spec is not None:
         _check_spec(spec)
+
+
+WORKER_SPEC_SCHEMA = Draft202012Validator(document()["components"]["schemas"]["WorkerSpec"])
+
+
+ONE_FIELD_CHANGED = st.builds(lambda good, key, value: {**good, key: value}, GOOD_SPEC_BODIES,
+                              st.sampled_from(sorted(_SPEC_FIELDS)), JSON_VALUES)
+"""A good registration with one field set to any JSON value."""
+
+
+@SETTINGS
+@given(data=ONE_FIELD_CHANGED | SPEC_BODIES)
+def test_from_json_accepts_nothing_the_documented_worker_spec_forbids(data: object) -> None:
+    """GET /openapi.json's WorkerSpec is no looser than the router (false, 0 or [] are not a missing field)."""
+    if _spec_or_spec_error(data) is not None:
+        errors = [e.message for e in WORKER_SPEC_SCHEMA.iter_errors(data)]
+        assert not errors, (data, errors)
 
 
 BASE = WorkerSpec(url="http://127.0.0.2:8000", role="regular", model_id="m", labels={"a": "b"}, priority=7)
