@@ -125,8 +125,11 @@ def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = Non
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise BadRequest("model must be a non-empty string", code="invalid_field")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):  # a worker may read 1 or "yes" as true: never guess
+        raise BadRequest("stream must be true or false", code="invalid_field")
     forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
-    return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=body.get("stream") is True,
+    return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=stream is True,
                         text=TEXT_OF[kind](body), body=body, raw=raw, headers=forwarded)
 
 
