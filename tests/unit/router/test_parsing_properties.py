@@ -73,6 +73,7 @@ def _check_record(kind: str, raw: bytes, record: ProxyRequest) -> None:
     assert record.requested_model is None or (isinstance(record.requested_model, str) and record.requested_model)
     assert record.requested_model == body.get("model")
     assert record.stream is (body.get("stream") is True)
+    assert body.get("stream") is None or isinstance(body["stream"], bool)  # as the worker will read it too
     assert isinstance(record.text, str)
     assert record.headers == {"content-type": "application/json"}
 
