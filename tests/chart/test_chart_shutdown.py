@@ -17,3 +17,10 @@ def test_prestop_and_grace_period_follow_the_shutdown_values(delay: int, timeout
     assert env["SMG_SHUTDOWN_TIMEOUT"] == str(timeout)
     assert env["SMG_SHUTDOWN_DELAY"] == "0"  # the preStop hook already waited
     assert pod["terminationGracePeriodSeconds"] == delay + timeout + 10
+
+
+def test_the_upstream_timeouts_reach_the_router() -> None:
+    out = render({"router": {"firstByteTimeout": 45, "streamIdleTimeout": 30}})
+    router = out.get("Deployment", "smg-router")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in router["env"]}
+    assert env["SMG_FIRST_BYTE_TIMEOUT"] == "45" and env["SMG_STREAM_IDLE_TIMEOUT"] == "30"
