@@ -102,6 +102,10 @@ class Attempts:
         self._policies = policies
         self._metrics = metrics
 
+    def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
+        """Whether another attempt would find a routable worker."""
+        return any(w.routable and w.id not in exclude for w in self._registry.serving(role, req.model))
+
     def open(self, role: str, req: RouteRequest, exclude: Collection[str] = ()) -> AttemptGuard:
         """The guard of a newly chosen worker; 503 when no routable worker is left."""
         candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]

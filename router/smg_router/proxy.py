@@ -4,7 +4,7 @@ A request is routed by its model's policy among the routable workers (``attempt`
 chosen worker's in-flight total for as long as its response lasts (the attempt's guard), sent as the
 bytes the client sent (never re-serialised), and answered with the worker's response, streamed through
 as it arrives (``relay``).  A connect error, a 5xx or a 429 before anything reached the client is retried
-on another worker with backoff.  In PD mode the request goes to ``pd`` instead, which uses the same
+on another worker with backoff (a 429 with no other worker to try is passed on).  In PD mode the request goes to ``pd`` instead, which uses the same
 attempts and relay.
 """
 
@@ -109,7 +109,9 @@ class Proxy:
                     last_error = e
                     log.warning("worker %s unreachable (%s); attempt %d", worker.url, e, attempt + 1)
                     continue
-                if is_retryable(upstream.status) and attempt < self._retry.max_retries:
+                if is_retryable(upstream.status) and attempt < self._retry.max_retries and (
+                        upstream.status != 429 or self._attempts.any_left("regular", req, tried)):
+                    # a 429 with no other worker to try is passed on: the client's back-off is the remedy
                     guard.answered(upstream.status)
                     upstream.release()
                     last_error = UpstreamError(f"worker answered {upstream.status}")

@@ -15,8 +15,9 @@ from support.procs import MODEL, Router, start_router, start_sim, wait_until
 class FlakyWorker:
     """An in-process worker that counts completions and answers them 500 (slowly) or 200 as told."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, status: int = 500) -> None:
         self.failing = True
+        self.status = status
         self.hits = 0
 
     async def completions(self, request: web.Request) -> web.Response:
@@ -24,7 +25,7 @@ class FlakyWorker:
         self.hits += 1
         if self.failing:
             await asyncio.sleep(0.5)  # the trial stays in flight while other requests arrive
-            return web.json_response({"error": {"message": "boom"}}, status=500)
+            return web.json_response({"error": {"message": "boom"}}, status=self.status)
         return web.json_response({"id": "x", "object": "text_completion", "model": MODEL,
                                   "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
 
@@ -98,3 +99,17 @@ async def test_half_open_admits_exactly_one_trial_and_its_outcome_decides(logs: 
         finally:
             r.stop()
             good.stop()
+
+
+async def test_a_worker_answering_429_is_passed_on_but_never_opens_its_breaker(logs: Path) -> None:
+    busy = FlakyWorker(status=429)
+    async with busy.serving("127.0.0.97") as url:
+        r = start_router(logs, workers=[url], args=["--breaker-failure-threshold", "2"])  # retries on (2)
+        try:
+            await asyncio.to_thread(r.wait_routable, 1)
+            assert await _post_all(r, 6) == [429] * 6  # no other worker to try: back-pressure reaches the client
+            assert busy.hits == 6 and _breaker(r, url) == "closed"  # three times the threshold, still closed
+            busy.failing = False
+            assert await _post_all(r, 2) == [200, 200]
+        finally:
+            r.stop()
