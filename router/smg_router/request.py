@@ -68,12 +68,12 @@ def _content_text(content: Any) -> str:
 
 
 def _ids_text(ids: list[Any], field: str) -> str:
+    if not all(type(i) is int for i in ids):  # true and false are no token ids, though Python counts them as ints
+        raise BadRequest(f"{field} must be a list of token ids", code="invalid_field")
     try:
         return "".join(map(chr, ids))
-    except (TypeError, ValueError, OverflowError):  # chr() overflows past a C int: 2**31 is a token id too
-        if all(isinstance(i, int) for i in ids):
-            return " ".join(map(str, ids))
-        raise BadRequest(f"{field} must be a list of token ids", code="invalid_field") from None
+    except (ValueError, OverflowError):  # negative, past Unicode, past a C int: still ids, routed by their digits
+        return " ".join(map(str, ids))
 
 
 def _prompt_text(prompt: Any, field: str) -> str:
