@@ -34,7 +34,8 @@ _SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_valu
             | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
 JSON_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-_TOKEN = st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.integers(min_value=0, max_value=0x10FFFF)
+_TOKEN = (st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.integers(min_value=0, max_value=0x10FFFF)
+          | st.booleans())
 _CONTENT = (st.none() | st.text(max_size=20) | JSON_VALUES
             | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"])},
                                              optional={"text": JSON_VALUES | st.text(max_size=10)}) | JSON_VALUES,
@@ -74,6 +75,11 @@ def _check_record(kind: str, raw: bytes, record: ProxyRequest) -> None:
     assert record.requested_model == body.get("model")
     assert record.stream is (body.get("stream") is True)
     assert body.get("stream") is None or isinstance(body["stream"], bool)  # as the worker will read it too
+    routed_by = {"chat": None, "completions": "prompt",
+                 "generate": "input_ids" if body.get("text") is None else "text"}[kind]
+    value = body.get(routed_by) if routed_by else None  # true is no token id (Python's bool is an int)
+    items = [i for v in value for i in (v if isinstance(v, list) else [v])] if isinstance(value, list) else []
+    assert not any(isinstance(i, bool) for i in items), (routed_by, value)
     assert isinstance(record.text, str)
     assert record.headers == {"content-type": "application/json"}
 
