@@ -8,6 +8,8 @@ the field.  SGLang-router compatible aliases: ``POST /add_worker?url=``, ``POST 
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +22,8 @@ from smg_router.http_io import json_response as _json
 from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
 
 ADMIN_BODY_LIMIT = 64 * 1024
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+"""A JSON number, as the document's ``timeout`` query parameter says."""
 PATCHABLE = frozenset({"labels", "priority", "draining"})
 
 
@@ -118,12 +122,13 @@ def _drain_timeout(request: web.Request, core: RouterCore) -> float:
     raw = request.query.get("timeout")
     if raw is None:
         return core.settings.server.drain_timeout
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadRequest("timeout: must be a number of seconds", code="invalid_field") from None
+    if not _NUMBER.fullmatch(raw):  # float() also takes "nan", "inf", " 5 " and "1_0"
+        raise BadRequest("timeout: must be a number of seconds", code="invalid_field")
+    value = float(raw)
     if value < 0:
         raise BadRequest("timeout: must not be negative", code="invalid_field")
+    if not math.isfinite(value):
+        raise BadRequest("timeout: must be a finite number of seconds", code="invalid_field")
     return value
 
 
