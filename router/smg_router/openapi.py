@@ -63,6 +63,7 @@ def _body(schema: Schema) -> dict[str, Any]:
 TOKEN_ID: Schema = {"type": "integer", "minimum": 0}
 TOKEN_IDS: Schema = {"type": "array", "minItems": 1, "items": TOKEN_ID}
 PASSED_THROUGH = "Passed to the worker unchanged; the worker validates it."
+STREAM = _nullable({"type": "boolean", "description": "true: the answer is Server-Sent Events."})
 
 SCHEMAS: dict[str, Schema] = {
     "Error": {
@@ -79,8 +80,9 @@ SCHEMAS: dict[str, Schema] = {
     },
     "ContentPart": {
         "type": "object",
-        "description": "An OpenAI content part; the text of `text` parts is the routing text, others are passed.",
-        "properties": {"type": {"type": "string"}, "text": {}},
+        "description": "An OpenAI content part; the text of `text` parts is the routing text, others are passed "
+                       "to the worker as they are.",
+        "properties": {"type": {"description": "`text`, `image_url`, ..."}, "text": {}},
     },
     "Message": {
         "type": "object", "required": ["role"],
@@ -97,7 +99,7 @@ SCHEMAS: dict[str, Schema] = {
             "model": _ref("Model"),
             "messages": {"type": "array", "minItems": 1, "items": _ref("Message"),
                          "description": "The whole conversation, in order, is the routing text."},
-            "stream": {"type": "boolean", "description": "true: the answer is Server-Sent Events."},
+            "stream": STREAM,
             "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
         },
     },
@@ -110,7 +112,7 @@ SCHEMAS: dict[str, Schema] = {
                        "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
                                  TOKEN_IDS, {"type": "array", "minItems": 1, "items": {"type": "array",
                                                                                        "items": TOKEN_ID}}]},
-            "stream": {"type": "boolean"},
+            "stream": STREAM,
             "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
         },
     },
@@ -124,12 +126,12 @@ SCHEMAS: dict[str, Schema] = {
             "model": _ref("Model"),
             "text": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
                                {"type": "null"}]},
-            "input_ids": {"oneOf": [TOKEN_IDS, {"type": "array", "minItems": 1, "items": TOKEN_IDS},
-                                    {"type": "null"}]},
-            "stream": {"type": "boolean"},
-            "sampling_params": _nullable({
-                "type": "object", "description": PASSED_THROUGH,
-                "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})}}),
+            "input_ids": {"oneOf": [TOKEN_IDS, {"type": "array", "minItems": 1, "items": {
+                "type": "array", "items": TOKEN_ID}}, {"type": "null"}]},
+            "stream": STREAM,
+            "sampling_params": {
+                "description": "An object (max_new_tokens, temperature, stop, ...). " + PASSED_THROUGH,
+                "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})}},
         },
     },
     "WorkerSpec": {
@@ -183,6 +185,13 @@ SCHEMAS: dict[str, Schema] = {
         "properties": {"removed": _ref("Worker"),
                        "drained": {"type": "boolean", "description": "false: the drain timed out first"}},
     },
+    "Event": {
+        "type": "object", "required": ["data"],
+        "description": "One Server-Sent Event of a stream (OpenAPI 3.1: the schema of each event).",
+        "properties": {"data": {"type": "string", "description": "A JSON chunk of the worker's stream as it sent "
+                                "it; {\"error\": {...}} when the stream fails after its first byte; then [DONE]."},
+                       "event": {"type": "string"}},
+    },
     "Probe": {
         "type": "object", "required": ["status"],
         "properties": {"status": {"type": "string"}, "workers": {"type": "integer"}, "routable": {"type": "integer"}},
@@ -212,7 +221,7 @@ def _generation(summary: str, request: str) -> dict[str, Any]:
         "summary": summary, "security": DATA, "requestBody": _body(_ref(request)),
         "responses": {
             "200": {"description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
-                    "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": {"type": "string"}}}},
+                    "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": _ref("Event")}}},
             **_errors(400, 401, 404, 413, 502, 503, 504),
             "default": {"description": "Any other error the worker answered, relayed",
                         "content": _json_content(_ref("Error"))},
