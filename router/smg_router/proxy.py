@@ -3,9 +3,9 @@
 A request is routed by its model's policy among the routable workers (``attempt``), counted in the
 chosen worker's in-flight total for as long as its response lasts (the attempt's guard), sent as the
 bytes the client sent (never re-serialised), and answered with the worker's response, streamed through
-as it arrives (``relay``).  A connect error, a 5xx or a 429 before anything reached the client is retried
-on another worker with backoff (a 429 with no other worker to try is passed on).  In PD mode the request goes to ``pd`` instead, which uses the same
-attempts and relay.
+as it arrives (``relay``).  A connect error, a 5xx or a 429 before anything reached the client is
+retried on another worker with backoff (a 429 with no other worker to try is passed on).  In PD mode
+the request goes to ``pd`` instead, which uses the same attempts and relay.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Proxy:
                 response = await self._pd.forward(request, req)
             else:
                 response = await self._forward(request, req)
-            status = response.status
+            status = 499 if req.client_gone else response.status
             return response
         except asyncio.CancelledError:
             status = 499  # the client went away

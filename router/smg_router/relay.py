@@ -98,7 +98,11 @@ class Relay:
                     first = False
                     ttft = time.perf_counter() - req.started
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
-                await out.write(chunk)  # waits while the client is slow: backpressure
+                try:
+                    await out.write(chunk)  # waits while the client is slow: backpressure
+                except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
+                    req.client_gone = True
+                    return out
         except asyncio.CancelledError:
             if not self.closing:
                 raise  # the client went away

@@ -55,6 +55,8 @@ class ProxyRequest:
     """The model key the request routes by, resolved by the proxy ("" for a fleet of unknown model)."""
     started: float = 0.0
     """``time.perf_counter()`` when the proxy took the request (latency and TTFT metrics)."""
+    client_gone: bool = False
+    """Set by the relay when the client hung up mid-stream (counted as status 499)."""
 
 
 def _content_text(content: Any) -> str:
