@@ -29,7 +29,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         if e.status < 400:
             raise
         kind = "not_found_error" if e.status == 404 else "invalid_request_error"
-        return error_response(e.status, e.reason if e.text is None else e.text, type=kind)
+        response = error_response(e.status, e.reason if e.text is None else e.text, type=kind)
+        if "Allow" in e.headers:  # a 405 says which methods the path takes
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
 
 
 def build_app(settings: Settings) -> web.Application:

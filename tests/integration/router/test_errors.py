@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,14 @@ def test_bad_worker_specs_are_400_and_change_nothing(router: Router, spec: dict,
     _assert_error(got, body, 400, field)
     assert router.workers() == before or [w["id"] for w in router.workers()] == [w["id"] for w in before]
     _still_serving(router)
+
+
+def test_a_wrong_method_is_405_json_naming_the_allowed_methods(router: Router) -> None:
+    req = urllib.request.Request(router.url + "/v1/models", method="DELETE")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("DELETE /v1/models was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405
+        assert "GET" in e.headers["Allow"]
+        assert json.loads(e.read())["error"]["type"] == "invalid_request_error"
