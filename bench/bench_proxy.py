@@ -114,16 +114,36 @@ def main() -> None:
         sims = []
         for host in ("127.0.0.2", "127.0.0.3"):
             port = free_port(host)
-            procs.append(spawn([sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model",
-                                MODEL, "--time-scale", "0.0001", "--log-level", "warning"], core=1))
+            procs.append(
+                spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "smg_sim",
+                        "--host",
+                        host,
+                        "--port",
+                        str(port),
+                        "--model",
+                        MODEL,
+                        "--time-scale",
+                        "0.0001",
+                        "--log-level",
+                        "warning",
+                    ],
+                    core=1,
+                )
+            )
             sims.append(f"http://{host}:{port}")
         for s in sims:
             wait_http(s + "/health")
         results = measure("direct", sims[0], None, args)
 
         port = free_port("127.0.0.1")
-        router = spawn([sys.executable, "-m", "smg_router", "--port", str(port), "--worker-urls", *sims,
-                        "--log-level", "warning"], core=1)
+        router = spawn(
+            [sys.executable, "-m", "smg_router", "--port", str(port), "--worker-urls", *sims, "--log-level", "warning"],
+            core=1,
+        )
         procs.append(router)
         wait_http(f"http://127.0.0.1:{port}/readiness")
         results += measure("smg-router (python)", f"http://127.0.0.1:{port}", router.pid, args)
@@ -131,8 +151,21 @@ def main() -> None:
         rust = args.rust_bin
         if args.rust and rust:
             rport = free_port("127.0.0.1")
-            rproc = spawn([rust, "launch", "--host", "127.0.0.1", "--port", str(rport), "--worker-urls", *sims,
-                           "--policy", "cache_aware"], core=1)
+            rproc = spawn(
+                [
+                    rust,
+                    "launch",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(rport),
+                    "--worker-urls",
+                    *sims,
+                    "--policy",
+                    "cache_aware",
+                ],
+                core=1,
+            )
             procs.append(rproc)
             wait_http(f"http://127.0.0.1:{rport}/health", timeout=60)
             results += measure("smg (rust)", f"http://127.0.0.1:{rport}", rproc.pid, args)
@@ -145,15 +178,19 @@ def main() -> None:
             proc.wait(timeout=10)
     direct = {r.concurrency: r for r in results if r.name == "direct"}
     rust_by_c = {r.concurrency: r for r in results if r.name == "smg (rust)"}
-    print(f"{'target':22} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu µs/req':>10} "
-          f"{'p50 vs direct':>14} {'cpu vs rust':>12}")
+    print(
+        f"{'target':22} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu µs/req':>10} "
+        f"{'p50 vs direct':>14} {'cpu vs rust':>12}"
+    )
     for r in results:
         vs_direct = f"+{r.p50_ms - direct[r.concurrency].p50_ms:.3f} ms"
         rust_r = rust_by_c.get(r.concurrency)
         vs_rust = f"{r.cpu_us / rust_r.cpu_us:.2f}x" if r.cpu_us and rust_r and rust_r.cpu_us else "-"
         cpu = f"{r.cpu_us:.0f}" if r.cpu_us else "-"
-        print(f"{r.name:22} {r.concurrency:>4} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.rps:>8.0f} {cpu:>10} "
-              f"{vs_direct:>14} {vs_rust:>12}")
+        print(
+            f"{r.name:22} {r.concurrency:>4} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.rps:>8.0f} {cpu:>10} "
+            f"{vs_direct:>14} {vs_rust:>12}"
+        )
 
 
 if __name__ == "__main__":

@@ -197,8 +197,9 @@ async def drive(router_url: str, router_pid: int, sims: list[Sim], args: argpars
             if restarting is not None and restarting.done():
                 restarting.result()
                 restarting = None
-            task = loop.create_task(one_request(s, router_url, tally, stream=rng.random() < 0.5,
-                                                max_tokens=args.max_tokens))
+            task = loop.create_task(
+                one_request(s, router_url, tally, stream=rng.random() < 0.5, max_tokens=args.max_tokens)
+            )
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             await asyncio.sleep(rng.expovariate(rate))
@@ -223,8 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--calibrate", type=float, default=10.0, help="seconds of measuring the fleet's capacity")
-    p.add_argument("--warmup", type=float, default=60.0,
-                   help="seconds after which the first RSS figure is taken (pools, caches and the tree are full)")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="seconds after which the first RSS figure is taken (pools, caches and the tree are full)",
+    )
     p.add_argument("--max-tree-chars", type=int, default=100_000, help="the router's --max-tree-size")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = p.parse_args(argv)
@@ -232,20 +237,55 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.workers):
         host = f"127.0.1.{10 + i}"
         port = free_port(host)
-        sims.append(Sim(host, port, [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port),
-                                     "--model", MODEL, "--time-scale", "1", "--max-running", str(args.max_running),
-                                     "--log-level", "warning"]))
+        sims.append(
+            Sim(
+                host,
+                port,
+                [
+                    sys.executable,
+                    "-m",
+                    "smg_sim",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--model",
+                    MODEL,
+                    "--time-scale",
+                    "1",
+                    "--max-running",
+                    str(args.max_running),
+                    "--log-level",
+                    "warning",
+                ],
+            )
+        )
     router: subprocess.Popen[bytes] | None = None
     try:
         for sim in sims:
             sim.start()
         port = free_port("127.0.0.1")
-        router = subprocess.Popen([sys.executable, "-m", "smg_router", "--port", str(port), "--log-level", "error",
-                                   "--health-check-interval", "0.5", "--shutdown-delay", "0",
-                                   # every prompt is unique: a small tree budget is reached within the first
-                                   # minute, so RSS growth after it measures leaks, not the tree filling up
-                                   "--max-tree-size", str(args.max_tree_chars),
-                                   "--worker-urls", *(s.url for s in sims)])
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "smg_router",
+                "--port",
+                str(port),
+                "--log-level",
+                "error",
+                "--health-check-interval",
+                "0.5",
+                "--shutdown-delay",
+                "0",
+                # every prompt is unique: a small tree budget is reached within the first
+                # minute, so RSS growth after it measures leaks, not the tree filling up
+                "--max-tree-size",
+                str(args.max_tree_chars),
+                "--worker-urls",
+                *(s.url for s in sims),
+            ]
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -262,9 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         for sim in sims:
             sim.kill()
     growth = tally.rss_last / tally.rss_first - 1 if tally.rss_first else 0.0
-    result = {**asdict(tally), "rss_growth": growth, "json_lost": tally.json_lost[:10],
-              "streams_lost": tally.streams_lost[:10], "json_lost_count": len(tally.json_lost),
-              "streams_lost_count": len(tally.streams_lost)}
+    result = {
+        **asdict(tally),
+        "rss_growth": growth,
+        "json_lost": tally.json_lost[:10],
+        "streams_lost": tally.streams_lost[:10],
+        "json_lost_count": len(tally.json_lost),
+        "streams_lost_count": len(tally.streams_lost),
+    }
     result["rss_mb_per_second"] = [round(b / 2**20, 1) for b in result.pop("rss_samples")]
     if args.json:
         print(json.dumps(result))

@@ -34,13 +34,15 @@ TOOLS = ("kind", "docker", "kubectl")
 
 _missing = [tool for tool in TOOLS if shutil.which(tool) is None]
 if _missing:
-    pytest.skip(f"kind e2e needs {', '.join(TOOLS)} on PATH; missing: {', '.join(_missing)}",
-                allow_module_level=True)
-_docker = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                         timeout=60)
+    pytest.skip(f"kind e2e needs {', '.join(TOOLS)} on PATH; missing: {', '.join(_missing)}", allow_module_level=True)
+_docker = subprocess.run(
+    ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60
+)
 if _docker.returncode != 0:
-    pytest.skip(f"kind e2e needs a running Docker engine; docker info failed: {_docker.stderr.strip()[:200]}",
-                allow_module_level=True)
+    pytest.skip(
+        f"kind e2e needs a running Docker engine; docker info failed: {_docker.stderr.strip()[:200]}",
+        allow_module_level=True,
+    )
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -51,8 +53,9 @@ MODEL = "sim-model"
 
 
 def run(*args: str, timeout: float = 300, env: dict[str, str] | None = None, check: bool = True) -> str:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
@@ -79,8 +82,9 @@ class Cluster:
     namespace: str
 
     def kubectl(self, *args: str, timeout: float = 120, check: bool = True) -> str:
-        return run("kubectl", "--kubeconfig", str(self.kubeconfig), "-n", self.namespace, *args, timeout=timeout,
-                   check=check)
+        return run(
+            "kubectl", "--kubeconfig", str(self.kubeconfig), "-n", self.namespace, *args, timeout=timeout, check=check
+        )
 
     def get_json(self, *args: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", *args, "-o", "json"))
@@ -118,8 +122,9 @@ def release(cluster: Cluster) -> Iterator[dict[str, Any]]:
     config = helm.Config(kubeconfig_path=cluster.kubeconfig, namespace=cluster.namespace)
     try:
         # No Helm wait: the pods' readiness is checked below, each with a message that says what is missing.
-        summary = config.install(CHART, RELEASE, values, namespace=cluster.namespace, create_namespace=True,
-                                 timeout=300)
+        summary = config.install(
+            CHART, RELEASE, values, namespace=cluster.namespace, create_namespace=True, timeout=300
+        )
         yield summary
     finally:
         config.uninstall(RELEASE, ignore_not_found=True, timeout=300)
@@ -133,13 +138,33 @@ def router_url(cluster: Cluster, release: dict[str, Any]) -> Iterator[str]:
     # below wait for that themselves; port-forward needs a running pod only.
     for deployment in ("smg-operator", "smg-sim-regular"):
         cluster.kubectl("rollout", "status", f"deployment/{deployment}", "--timeout=300s", timeout=330)
-    wait_for(lambda: "Running" in cluster.kubectl("get", "pods", "-l", "app.kubernetes.io/component=router",
-                                                  "-o", "jsonpath={.items[*].status.phase}"),
-             timeout=300, what="a running router pod")
+    wait_for(
+        lambda: (
+            "Running"
+            in cluster.kubectl(
+                "get", "pods", "-l", "app.kubernetes.io/component=router", "-o", "jsonpath={.items[*].status.phase}"
+            )
+        ),
+        timeout=300,
+        what="a running router pod",
+    )
     forward = subprocess.Popen(
-        ["kubectl", "--kubeconfig", str(cluster.kubeconfig), "-n", cluster.namespace, "port-forward",
-         "--address", "127.0.0.1", "svc/smg-router", "0:30000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            "kubectl",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-n",
+            cluster.namespace,
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "svc/smg-router",
+            "0:30000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert forward.stdout is not None
         line = forward.stdout.readline()
@@ -174,19 +199,25 @@ def test_smgworker_gets_registered(cluster: Cluster, router_url: str) -> None:
 def test_openai_requests_through_the_router_service_hit_the_tree(cluster: Cluster, router_url: str) -> None:
     import openai
 
-    wait_for(lambda: json.loads(http_get(router_url + "/readiness"))["status"] == "ready", timeout=180,
-             what="router readiness")
+    wait_for(
+        lambda: json.loads(http_get(router_url + "/readiness"))["status"] == "ready",
+        timeout=180,
+        what="router readiness",
+    )
     client = openai.OpenAI(base_url=router_url + "/v1", api_key="unused", max_retries=2, timeout=30)
     system = "You are the SMG end-to-end test. " * 20
     for i in range(12):
         answer = client.chat.completions.create(
-            model=MODEL, max_tokens=4,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}"}])
+            model=MODEL,
+            max_tokens=4,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}"}],
+        )
         assert answer.choices[0].message.content is not None
     assert [m.id for m in client.models.list()] == [MODEL]
     metrics = http_get(router_url + "/metrics")
-    hits = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("smg_cache_tree_hits_total{"))
+    hits = sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("smg_cache_tree_hits_total{")
+    )
     assert hits > 0, metrics
 
 
@@ -197,8 +228,12 @@ def test_admin_token_protects_the_lifecycle_api(cluster: Cluster, router_url: st
     secret = cluster.get_json("secret", "smg-admin")
     token = base64.b64decode(secret["data"]["admin-api-key"]).decode()
     assert len(token) == 32
-    request = urllib.request.Request(router_url + "/workers", method="POST", data=b'{"url": "http://127.0.0.1:9"}',
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        router_url + "/workers",
+        method="POST",
+        data=b'{"url": "http://127.0.0.1:9"}',
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(request, timeout=10)
     assert err.value.code == 401

@@ -57,5 +57,8 @@ def _no_leaked_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
     runner.run(settle())
     leaked = leaked_tasks(loop, set(before))
     if leaked:
-        pytest.fail(f"{request.node.nodeid} leaked {len(leaked)} asyncio task(s) still pending at its end: "
-                    + ", ".join(map(describe, leaked)), pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} leaked {len(leaked)} asyncio task(s) still pending at its end: "
+            + ", ".join(map(describe, leaked)),
+            pytrace=False,
+        )

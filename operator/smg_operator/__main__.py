@@ -24,8 +24,9 @@ from smg_operator.settings import OperatorSettings, parse_settings
 log = logging.getLogger("smg_operator")
 
 
-async def _metrics_server(settings: OperatorSettings, metrics: OperatorMetrics, ready: asyncio.Event
-                          ) -> web.AppRunner | None:
+async def _metrics_server(
+    settings: OperatorSettings, metrics: OperatorMetrics, ready: asyncio.Event
+) -> web.AppRunner | None:
     if not settings.metrics_port:
         return None
 
@@ -33,8 +34,9 @@ async def _metrics_server(settings: OperatorSettings, metrics: OperatorMetrics, 
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok" if ready.is_set() else "starting"}, status=200 if ready.is_set()
-                                 else 503)
+        return web.json_response(
+            {"status": "ok" if ready.is_set() else "starting"}, status=200 if ready.is_set() else 503
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_view)
@@ -56,23 +58,38 @@ async def run(settings: OperatorSettings) -> None:
         try:
             if settings.leader_election:
                 assert settings.leader_election_namespace
-                lease = k8s.LeaderLease(namespace=settings.leader_election_namespace,
-                                        duration=settings.lease_duration)
-                log.info("leader election: %s waiting for lease %s/smg-operator", lease.identity,
-                         settings.leader_election_namespace)
+                lease = k8s.LeaderLease(namespace=settings.leader_election_namespace, duration=settings.lease_duration)
+                log.info(
+                    "leader election: %s waiting for lease %s/smg-operator",
+                    lease.identity,
+                    settings.leader_election_namespace,
+                )
                 await lease.acquire()
                 keeper = asyncio.create_task(lease.keep(lost=stop), name="smg-operator-lease")
-            rt = Runtime(settings=settings, metrics=metrics, kube=k8s,
-                         routers=RouterClient(session=session, token=settings.admin_api_key, metrics=metrics,
-                                              timeout=settings.router_timeout))
-            log.info("smg-operator watching %s (reconcile every %gs, default router %s)",
-                     ", ".join(settings.namespaces) or "all namespaces", settings.reconcile_interval,
-                     settings.router_service or "-")
+            rt = Runtime(
+                settings=settings,
+                metrics=metrics,
+                kube=k8s,
+                routers=RouterClient(
+                    session=session, token=settings.admin_api_key, metrics=metrics, timeout=settings.router_timeout
+                ),
+            )
+            log.info(
+                "smg-operator watching %s (reconcile every %gs, default router %s)",
+                ", ".join(settings.namespaces) or "all namespaces",
+                settings.reconcile_interval,
+                settings.router_service or "-",
+            )
             # Only a lost lease sets ``stop``.  kopf 1.45 leaves its waiter on a stop flag pending when a signal
             # stops it, which delays every SIGTERM exit by 5 s: so pass the flag only when it can be set.
-            await kopf.operator(clusterwide=not settings.namespaces, namespaces=list(settings.namespaces),
-                                standalone=True, memo=kopf.Memo(runtime=rt), ready_flag=ready,
-                                stop_flag=stop if settings.leader_election else None)
+            await kopf.operator(
+                clusterwide=not settings.namespaces,
+                namespaces=list(settings.namespaces),
+                standalone=True,
+                memo=kopf.Memo(runtime=rt),
+                ready_flag=ready,
+                stop_flag=stop if settings.leader_election else None,
+            )
         finally:
             if keeper is not None:
                 keeper.cancel()
@@ -84,8 +101,9 @@ async def run(settings: OperatorSettings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(settings))
 

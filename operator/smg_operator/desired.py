@@ -45,9 +45,14 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return PodInfo(
-        namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""),
-        labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
-        ip=status.get("podIP"), running=status.get("phase") == "Running", ready=ready,
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        ip=status.get("podIP"),
+        running=status.get("phase") == "Running",
+        ready=ready,
         terminating=meta.get("deletionTimestamp") is not None,
     )
 
@@ -66,8 +71,12 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
     for e in expressions:
         key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
         has = key in labels
-        if (op == "In" and not (has and labels[key] in values)) or (op == "NotIn" and has and labels[key] in values) \
-                or (op == "Exists" and not has) or (op == "DoesNotExist" and has):
+        if (
+            (op == "In" and not (has and labels[key] in values))
+            or (op == "NotIn" and has and labels[key] in values)
+            or (op == "Exists" and not has)
+            or (op == "DoesNotExist" and has)
+        ):
             return False
     return True
 
@@ -86,8 +95,14 @@ class DesiredWorker:
 
     def registration(self) -> dict[str, Any]:
         """The POST /workers body."""
-        return {"url": self.url, "role": self.role, "model_id": self.model_id,
-                "bootstrap_port": self.bootstrap_port, "labels": dict(self.labels), "owner": self.owner}
+        return {
+            "url": self.url,
+            "role": self.role,
+            "model_id": self.model_id,
+            "bootstrap_port": self.bootstrap_port,
+            "labels": dict(self.labels),
+            "owner": self.owner,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +121,9 @@ def _bootstrap_port(spec: Mapping[str, Any], pod: PodInfo | None) -> int | None:
     return int(port) if isinstance(port, int) else None
 
 
-def desired_workers(*, namespace: str, name: str, uid: str, spec: Mapping[str, Any],
-                    pods: Iterable[PodInfo]) -> Desired:
+def desired_workers(
+    *, namespace: str, name: str, uid: str, spec: Mapping[str, Any], pods: Iterable[PodInfo]
+) -> Desired:
     """The workers an SMGWorker asks for: its serving selected pods, plus its static endpoints."""
     role, model = spec.get("role", "regular"), spec.get("model", "")
     port = int(spec.get("port") or 8000)
@@ -121,12 +137,23 @@ def desired_workers(*, namespace: str, name: str, uid: str, spec: Mapping[str, A
         if not pod.serving:
             continue
         url = f"http://{pod.ip}:{port}"
-        out[url] = DesiredWorker(url=url, role=role, model_id=model, bootstrap_port=_bootstrap_port(spec, pod),
-                                 labels={**base, POD_NAME: pod.name, POD_UID: pod.uid}, owner=owner, pod=pod.name)
+        out[url] = DesiredWorker(
+            url=url,
+            role=role,
+            model_id=model,
+            bootstrap_port=_bootstrap_port(spec, pod),
+            labels={**base, POD_NAME: pod.name, POD_UID: pod.uid},
+            owner=owner,
+            pod=pod.name,
+        )
     endpoints = [str(e).rstrip("/") for e in spec.get("endpoints") or []]
     for url in endpoints:
-        out.setdefault(url, DesiredWorker(url=url, role=role, model_id=model,
-                                          bootstrap_port=_bootstrap_port(spec, None), labels=base, owner=owner))
+        out.setdefault(
+            url,
+            DesiredWorker(
+                url=url, role=role, model_id=model, bootstrap_port=_bootstrap_port(spec, None), labels=base, owner=owner
+            ),
+        )
     return Desired(workers=tuple(out.values()), selected=len(selected) + len(set(endpoints)))
 
 
@@ -139,14 +166,23 @@ class RouterTarget:
     port: int
 
 
-def router_target(*, namespace: str, spec: Mapping[str, Any], default_service: str | None,
-                  default_namespace: str | None, default_port: int) -> RouterTarget | None:
+def router_target(
+    *,
+    namespace: str,
+    spec: Mapping[str, Any],
+    default_service: str | None,
+    default_namespace: str | None,
+    default_port: int,
+) -> RouterTarget | None:
     router = spec.get("router") or {}
     service = router.get("service") or default_service
     if not service:
         return None
-    return RouterTarget(service=service, namespace=router.get("namespace") or default_namespace or namespace,
-                        port=int(router.get("port") or default_port))
+    return RouterTarget(
+        service=service,
+        namespace=router.get("namespace") or default_namespace or namespace,
+        port=int(router.get("port") or default_port),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +191,9 @@ class Replica:
     url: str
 
 
-def router_replicas(target: RouterTarget, service_selector: Mapping[str, str] | None,
-                    pods: Iterable[PodInfo]) -> list[Replica]:
+def router_replicas(
+    target: RouterTarget, service_selector: Mapping[str, str] | None, pods: Iterable[PodInfo]
+) -> list[Replica]:
     """The running pods the router Service selects, Ready or not.
 
     Not only the Ready ones: a router is Ready (``/readiness``) only once it has a routable worker, and it gets
@@ -166,9 +203,18 @@ def router_replicas(target: RouterTarget, service_selector: Mapping[str, str] | 
     if not service_selector:
         return []
     selector = {"matchLabels": dict(service_selector)}
-    return sorted((Replica(pod=p.name, url=f"http://{p.ip}:{target.port}") for p in pods
-                   if p.namespace == target.namespace and p.running and p.ip and not p.terminating
-                   and selector_matches(selector, p.labels)), key=lambda r: r.pod)
+    return sorted(
+        (
+            Replica(pod=p.name, url=f"http://{p.ip}:{target.port}")
+            for p in pods
+            if p.namespace == target.namespace
+            and p.running
+            and p.ip
+            and not p.terminating
+            and selector_matches(selector, p.labels)
+        ),
+        key=lambda r: r.pod,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +233,13 @@ class Plan:
 
 
 def _same(current: Mapping[str, Any], want: DesiredWorker) -> bool:
-    return (current.get("role"), current.get("model_id"), current.get("bootstrap_port"),
-            current.get("labels") or {}, current.get("owner")) == (
-        want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner)
+    return (
+        current.get("role"),
+        current.get("model_id"),
+        current.get("bootstrap_port"),
+        current.get("labels") or {},
+        current.get("owner"),
+    ) == (want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner)
 
 
 def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> Plan:

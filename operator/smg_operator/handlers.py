@@ -53,8 +53,9 @@ def pods_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[str, Po
 
 
 @kopf.index("services")
-def services_index(namespace: str | None, name: str, spec: kopf.Spec, **_: Any
-                   ) -> dict[tuple[str, str], dict[str, str]]:
+def services_index(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], dict[str, str]]:
     return {(_namespace(namespace), name): dict(spec.get("selector") or {})}
 
 
@@ -75,21 +76,45 @@ def smgworker_changed(namespace: str | None, name: str, meta: kopf.Meta, memo: k
 
 # cancellation_backoff: on deletion, let a pass in flight finish (the finalizer waits for it) rather than be cancelled
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=5.0, cancellation_timeout=10.0)
-async def keep_registered(namespace: str | None, name: str, uid: str, body: kopf.Body, stopped: kopf.DaemonStopped,
-                          memo: kopf.Memo, **kwargs: Any) -> None:
+async def keep_registered(
+    namespace: str | None,
+    name: str,
+    uid: str,
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    **kwargs: Any,
+) -> None:
     """The reconcile loop of one SMGWorker: on every poke (pod, service or spec change) and every interval."""
     pods, services = _indexes(kwargs)
-    await reconciler.keep_registered(_runtime(memo), namespace=_namespace(namespace), name=name, uid=uid, body=body,
-                                     stopped=stopped, pods=pods, services=services)
+    await reconciler.keep_registered(
+        _runtime(memo),
+        namespace=_namespace(namespace),
+        name=name,
+        uid=uid,
+        body=body,
+        stopped=stopped,
+        pods=pods,
+        services=services,
+    )
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def deregister(namespace: str | None, name: str, uid: str, spec: kopf.Spec, retry: int, memo: kopf.Memo,
-                     **kwargs: Any) -> None:
+async def deregister(
+    namespace: str | None, name: str, uid: str, spec: kopf.Spec, retry: int, memo: kopf.Memo, **kwargs: Any
+) -> None:
     """Finalizer: drain and remove this SMGWorker's workers from every replica before the resource goes away."""
     pods, services = _indexes(kwargs)
     try:
-        await reconciler.finalize(_runtime(memo), namespace=_namespace(namespace), name=name, uid=uid, spec=spec,
-                                  retry=retry, pods=pods, services=services)
+        await reconciler.finalize(
+            _runtime(memo),
+            namespace=_namespace(namespace),
+            name=name,
+            uid=uid,
+            spec=spec,
+            retry=retry,
+            pods=pods,
+            services=services,
+        )
     except DeregistrationPending as e:
         raise kopf.TemporaryError(str(e), delay=e.delay) from None

@@ -39,8 +39,9 @@ async def patch_status(namespace: str, name: str, status: Mapping[str, Any]) -> 
     """Merge-patch the SMGWorker's status subresource; False when the object is already gone."""
     api = client.CustomObjectsApi()
     try:
-        await asyncio.to_thread(api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name,
-                                {"status": dict(status)})
+        await asyncio.to_thread(
+            api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+        )
     except ApiException as e:
         if e.status == 404:
             log.debug("SMGWorker %s/%s is gone; status not written", namespace, name)
@@ -54,11 +55,19 @@ async def post_event(*, namespace: str, name: str, uid: str, type: str, reason: 
     now = datetime.datetime.now(datetime.UTC)
     event = client.CoreV1Event(
         metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-        involved_object=client.V1ObjectReference(api_version=f"{GROUP}/{VERSION}", kind="SMGWorker",
-                                                 name=name, namespace=namespace, uid=uid),
-        type=type, reason=reason, message=message[:1024], count=1, first_timestamp=now, last_timestamp=now,
-        source=client.V1EventSource(component="smg-operator"), reporting_component="smg-operator",
-        reporting_instance=socket.gethostname())
+        involved_object=client.V1ObjectReference(
+            api_version=f"{GROUP}/{VERSION}", kind="SMGWorker", name=name, namespace=namespace, uid=uid
+        ),
+        type=type,
+        reason=reason,
+        message=message[:1024],
+        count=1,
+        first_timestamp=now,
+        last_timestamp=now,
+        source=client.V1EventSource(component="smg-operator"),
+        reporting_component="smg-operator",
+        reporting_instance=socket.gethostname(),
+    )
     try:
         await asyncio.to_thread(client.CoreV1Api().create_namespaced_event, namespace, event)
     except (ApiException, OSError) as e:
@@ -68,8 +77,9 @@ async def post_event(*, namespace: str, name: str, uid: str, type: str, reason: 
 class LeaderLease:
     """Lease-based leader election (coordination.k8s.io/v1): only the holder runs the operator's handlers."""
 
-    def __init__(self, *, namespace: str, name: str = "smg-operator", identity: str | None = None,
-                 duration: int = 15) -> None:
+    def __init__(
+        self, *, namespace: str, name: str = "smg-operator", identity: str | None = None, duration: int = 15
+    ) -> None:
         self.namespace, self.name = namespace, name
         # hostname (the pod name) + pid: unique per process, and the same again for a restarted container (pid 1)
         self.identity = identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -78,9 +88,13 @@ class LeaderLease:
 
     def _spec(self, acquire: bool, transitions: int) -> client.V1LeaseSpec:
         now = datetime.datetime.now(datetime.UTC)
-        return client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.duration,
-                                  renew_time=now, acquire_time=now if acquire else None,
-                                  lease_transitions=transitions)
+        return client.V1LeaseSpec(
+            holder_identity=self.identity,
+            lease_duration_seconds=self.duration,
+            renew_time=now,
+            acquire_time=now if acquire else None,
+            lease_transitions=transitions,
+        )
 
     def try_acquire(self) -> bool:
         """Take or renew the lease if it is free, expired or ours (optimistic concurrency on resourceVersion)."""
@@ -89,8 +103,9 @@ class LeaderLease:
         except ApiException as e:
             if e.status != 404:
                 raise
-            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                                  spec=self._spec(True, 0))
+            body = client.V1Lease(
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), spec=self._spec(True, 0)
+            )
             try:
                 self._api.create_namespaced_lease(self.namespace, body)
             except ApiException as e2:
@@ -102,7 +117,8 @@ class LeaderLease:
         holder = spec.holder_identity
         renewed = spec.renew_time
         expired = renewed is None or (datetime.datetime.now(datetime.UTC) - renewed).total_seconds() > (
-            spec.lease_duration_seconds or self.duration)
+            spec.lease_duration_seconds or self.duration
+        )
         if holder not in (None, "", self.identity) and not expired:
             return False
         ours = holder == self.identity
@@ -119,8 +135,12 @@ class LeaderLease:
         standing_by = False
         while not await asyncio.to_thread(self.try_acquire):  # polls a remote lock
             if not standing_by:  # said once: a standby polls for as long as the leader lives
-                log.info("leader election: lease %s/%s is held by another replica; %s stands by", self.namespace,
-                         self.name, self.identity)
+                log.info(
+                    "leader election: lease %s/%s is held by another replica; %s stands by",
+                    self.namespace,
+                    self.name,
+                    self.identity,
+                )
                 standing_by = True
             await asyncio.sleep(retry)
         log.info("leader election: %s holds lease %s/%s", self.identity, self.namespace, self.name)

@@ -13,13 +13,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class OperatorMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.hook_calls = Counter("smg_operator_hook_calls", "Router lifecycle calls, by hook and result",
-                                  ("hook", "result"), registry=r)
-        self.reconciles = Counter("smg_operator_reconcile", "SMGWorker reconciles, by result", ("result",),
-                                  registry=r)
-        self.registered = Gauge("smg_operator_registered_workers",
-                                "Endpoints of an SMGWorker registered on every router replica", ("smgworker",),
-                                registry=r)
+        self.hook_calls = Counter(
+            "smg_operator_hook_calls", "Router lifecycle calls, by hook and result", ("hook", "result"), registry=r
+        )
+        self.reconciles = Counter("smg_operator_reconcile", "SMGWorker reconciles, by result", ("result",), registry=r)
+        self.registered = Gauge(
+            "smg_operator_registered_workers",
+            "Endpoints of an SMGWorker registered on every router replica",
+            ("smgworker",),
+            registry=r,
+        )
 
     def forget(self, smgworker: str) -> None:
         with contextlib.suppress(KeyError):

@@ -55,8 +55,9 @@ class Kube(Protocol):
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
 
-    async def post_event(self, *, namespace: str, name: str, uid: str, type: str, reason: str,
-                         message: str) -> None: ...
+    async def post_event(
+        self, *, namespace: str, name: str, uid: str, type: str, reason: str, message: str
+    ) -> None: ...
 
 
 class Stopping(Protocol):
@@ -121,8 +122,17 @@ def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 # -- the loop ------------------------------------------------------------------------------------------
-async def keep_registered(rt: Runtime, *, namespace: str, name: str, uid: str, body: Mapping[str, Any],
-                          stopped: Stopping, pods: PodIndex, services: ServiceIndex) -> None:
+async def keep_registered(
+    rt: Runtime,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    body: Mapping[str, Any],
+    stopped: Stopping,
+    pods: PodIndex,
+    services: ServiceIndex,
+) -> None:
     """The reconcile loop of one SMGWorker (its kopf daemon): a pass on every poke (pod, service or spec change)
     and every ``reconcile_interval``, until the daemon is stopped or the SMGWorker is being deleted.
 
@@ -134,8 +144,16 @@ async def keep_registered(rt: Runtime, *, namespace: str, name: str, uid: str, b
         while not stopped and not _meta(body).get("deletionTimestamp"):
             poke.clear()
             try:
-                last_write = await _reconcile_and_report(rt, namespace=namespace, name=name, uid=uid, body=body,
-                                                         pods=pods, services=services, last_write=last_write)
+                last_write = await _reconcile_and_report(
+                    rt,
+                    namespace=namespace,
+                    name=name,
+                    uid=uid,
+                    body=body,
+                    pods=pods,
+                    services=services,
+                    last_write=last_write,
+                )
             except Exception:  # one bad reconcile must not end the loop; the next one retries
                 rt.metrics.reconciles.labels("error").inc()
                 log.exception("reconcile of %s/%s failed", namespace, name)
@@ -157,15 +175,32 @@ async def _wait_any(poke: asyncio.Event, stopped: Stopping, *, interval: float) 
         await asyncio.sleep(0.05)  # coalesce a burst of pod events into one reconcile
 
 
-async def _reconcile_and_report(rt: Runtime, *, namespace: str, name: str, uid: str, body: Mapping[str, Any],
-                                pods: PodIndex, services: ServiceIndex, last_write: float) -> float:
+async def _reconcile_and_report(
+    rt: Runtime,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    body: Mapping[str, Any],
+    pods: PodIndex,
+    services: ServiceIndex,
+    last_write: float,
+) -> float:
     """One pass, then the status write policy: write when something changed, or ``STATUS_REFRESH`` after the
     last write; post the transition Events.  Returns the monotonic time of the last status write."""
-    observed = await reconcile(rt, namespace=namespace, name=name, uid=uid, spec=body.get("spec", {}),
-                               pods=_pods(pods), services=_services(services))
+    observed = await reconcile(
+        rt,
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        spec=body.get("spec", {}),
+        pods=_pods(pods),
+        services=_services(services),
+    )
     previous = body.get("status") or {}
-    status, events = build_status(observed, generation=_meta(body).get("generation"), now=rt.kube.now_iso(),
-                                  previous=previous)
+    status, events = build_status(
+        observed, generation=_meta(body).get("generation"), now=rt.kube.now_iso(), previous=previous
+    )
     ready = status["conditions"][0]["status"] == "True"
     rt.metrics.reconciles.labels("ok" if ready else "degraded").inc()
     rt.metrics.registered.labels(f"{namespace}/{name}").set(status["registeredEndpoints"])
@@ -174,14 +209,24 @@ async def _reconcile_and_report(rt: Runtime, *, namespace: str, name: str, uid: 
             return last_write  # deleted meanwhile
         last_write = time.monotonic()
     for event in events:
-        await rt.kube.post_event(namespace=namespace, name=name, uid=uid, type=event.type, reason=event.reason,
-                                 message=event.message)
+        await rt.kube.post_event(
+            namespace=namespace, name=name, uid=uid, type=event.type, reason=event.reason, message=event.message
+        )
     return last_write
 
 
 # -- the finalizer -------------------------------------------------------------------------------------
-async def finalize(rt: Runtime, *, namespace: str, name: str, uid: str, spec: Mapping[str, Any], retry: int,
-                   pods: PodIndex, services: ServiceIndex) -> None:
+async def finalize(
+    rt: Runtime,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    spec: Mapping[str, Any],
+    retry: int,
+    pods: PodIndex,
+    services: ServiceIndex,
+) -> None:
     """Drain and remove this SMGWorker's workers from every replica before the resource goes away.
 
     Raises ``DeregistrationPending`` while a replica cannot be reached (``retry`` counts the tries before
@@ -190,14 +235,21 @@ async def finalize(rt: Runtime, *, namespace: str, name: str, uid: str, spec: Ma
         if (namespace, name) not in rt.pokes:
             break
         await asyncio.sleep(0.05)
-    replicas, _problem = find_replicas(rt, namespace=namespace, spec=spec, pods=_pods(pods),
-                                       services=_services(services))
+    replicas, _problem = find_replicas(
+        rt, namespace=namespace, spec=spec, pods=_pods(pods), services=_services(services)
+    )
     errors = await deregister_all(rt, replicas, uid=uid, drain=float(spec.get("drainTimeoutSeconds", 30)))
     if errors:
         message = "; ".join(errors)
         if retry == 0 or retry % 10 == 0:
-            await rt.kube.post_event(namespace=namespace, name=name, uid=uid, type="Warning",
-                                     reason="RouterUnreachable", message=f"cannot deregister yet, retrying: {message}")
+            await rt.kube.post_event(
+                namespace=namespace,
+                name=name,
+                uid=uid,
+                type="Warning",
+                reason="RouterUnreachable",
+                message=f"cannot deregister yet, retrying: {message}",
+            )
         await rt.kube.patch_status(namespace, name, {"lastError": f"deregistration pending: {message}"})
         raise DeregistrationPending(f"router unreachable; retrying: {message}", delay=retry_delay(retry))
     rt.metrics.forget(f"{namespace}/{name}")
@@ -206,13 +258,23 @@ async def finalize(rt: Runtime, *, namespace: str, name: str, uid: str, spec: Ma
 
 
 # -- one pass ------------------------------------------------------------------------------------------
-def find_replicas(rt: Runtime, *, namespace: str, spec: Mapping[str, Any], pods: Iterable[PodInfo],
-                  services: Mapping[tuple[str, str], Mapping[str, str] | None]
-                  ) -> tuple[list[Replica], tuple[str, str] | None]:
+def find_replicas(
+    rt: Runtime,
+    *,
+    namespace: str,
+    spec: Mapping[str, Any],
+    pods: Iterable[PodInfo],
+    services: Mapping[tuple[str, str], Mapping[str, str] | None],
+) -> tuple[list[Replica], tuple[str, str] | None]:
     """The router replicas of an SMGWorker, or why there are none (reason, message)."""
     s = rt.settings
-    target = router_target(namespace=namespace, spec=spec, default_service=s.router_service,
-                           default_namespace=s.router_namespace, default_port=s.router_port)
+    target = router_target(
+        namespace=namespace,
+        spec=spec,
+        default_service=s.router_service,
+        default_namespace=s.router_namespace,
+        default_port=s.router_port,
+    )
     if target is None:
         return [], ("NoRouterService", "spec.router.service is not set and smg-operator has no --router-service")
     key = (target.namespace, target.service)
@@ -224,9 +286,16 @@ def find_replicas(rt: Runtime, *, namespace: str, spec: Mapping[str, Any], pods:
     return replicas, None
 
 
-async def reconcile(rt: Runtime, *, namespace: str, name: str, uid: str, spec: Mapping[str, Any],
-                    pods: Iterable[PodInfo], services: Mapping[tuple[str, str], Mapping[str, str] | None]
-                    ) -> Observed:
+async def reconcile(
+    rt: Runtime,
+    *,
+    namespace: str,
+    name: str,
+    uid: str,
+    spec: Mapping[str, Any],
+    pods: Iterable[PodInfo],
+    services: Mapping[tuple[str, str], Mapping[str, str] | None],
+) -> Observed:
     pods = list(pods)
     desired = desired_workers(namespace=namespace, name=name, uid=uid, spec=spec, pods=pods)
     replicas, problem = find_replicas(rt, namespace=namespace, spec=spec, pods=pods, services=services)
@@ -236,8 +305,9 @@ async def reconcile(rt: Runtime, *, namespace: str, name: str, uid: str, spec: M
     return Observed(desired=desired, replicas=[r for r, _ in results], router_problem=problem, conflicts=conflicts)
 
 
-async def sync_replica(rt: Runtime, replica: Replica, desired: Desired, *, uid: str, drain: float
-                       ) -> tuple[ReplicaResult, tuple[str, ...]]:
+async def sync_replica(
+    rt: Runtime, replica: Replica, desired: Desired, *, uid: str, drain: float
+) -> tuple[ReplicaResult, tuple[str, ...]]:
     routers = rt.routers
     try:
         current = await routers.list_workers(replica.url)
@@ -260,11 +330,13 @@ async def sync_replica(rt: Runtime, replica: Replica, desired: Desired, *, uid: 
         elif url is not None:
             present.add(url)
     if not p.empty:
-        log.info("router %s: +%d ~%d -%d (errors: %d)", replica.pod, len(p.add), len(p.replace), len(p.remove),
-                 len(errors))
+        log.info(
+            "router %s: +%d ~%d -%d (errors: %d)", replica.pod, len(p.add), len(p.replace), len(p.remove), len(errors)
+        )
     registered = frozenset(present & {w.url for w in desired.workers})
-    return ReplicaResult(pod=replica.pod, url=replica.url, reachable=reachable, registered=registered,
-                         error="; ".join(errors) or None), p.conflicts
+    return ReplicaResult(
+        pod=replica.pod, url=replica.url, reachable=reachable, registered=registered, error="; ".join(errors) or None
+    ), p.conflicts
 
 
 async def deregister_all(rt: Runtime, replicas: Iterable[Replica], *, uid: str, drain: float) -> list[str]:
@@ -273,8 +345,9 @@ async def deregister_all(rt: Runtime, replicas: Iterable[Replica], *, uid: str, 
     async def one(replica: Replica) -> list[str]:
         try:
             current = await rt.routers.list_workers(replica.url)
-            await asyncio.gather(*(rt.routers.remove(replica.url, wid, drain_timeout=drain)
-                                   for wid in owned_ids(current, owner_uid=uid)))
+            await asyncio.gather(
+                *(rt.routers.remove(replica.url, wid, drain_timeout=drain) for wid in owned_ids(current, owner_uid=uid))
+            )
         except RouterCallError as e:
             return [f"{replica.pod}: {e}"]
         return []

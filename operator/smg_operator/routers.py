@@ -22,18 +22,28 @@ class RouterCallError(Exception):
 
 
 class RouterClient:
-    def __init__(self, *, session: aiohttp.ClientSession, token: str | None, metrics: OperatorMetrics,
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self, *, session: aiohttp.ClientSession, token: str | None, metrics: OperatorMetrics, timeout: float = 5.0
+    ) -> None:
         self._session = session
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._metrics = metrics
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
-    async def _call(self, hook: str, method: str, url: str, *, json: Any = None, ok: tuple[int, ...] = (200, 201),
-                    client_timeout: aiohttp.ClientTimeout | None = None) -> Any:
+    async def _call(
+        self,
+        hook: str,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        ok: tuple[int, ...] = (200, 201),
+        client_timeout: aiohttp.ClientTimeout | None = None,
+    ) -> Any:
         try:
-            async with self._session.request(method, url, json=json, headers=self._headers,
-                                             timeout=client_timeout or self._timeout) as resp:
+            async with self._session.request(
+                method, url, json=json, headers=self._headers, timeout=client_timeout or self._timeout
+            ) as resp:
                 body = await resp.json(content_type=None)
                 if resp.status not in ok:
                     message = (body or {}).get("error", {}).get("message") if isinstance(body, dict) else body
@@ -58,5 +68,10 @@ class RouterClient:
         await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)
 
     async def remove(self, router: str, worker_id: str, *, drain_timeout: float) -> None:
-        await self._call("remove", "DELETE", f"{router}/workers/{worker_id}?timeout={drain_timeout:g}",
-                         ok=(200, 404), client_timeout=aiohttp.ClientTimeout(total=drain_timeout + 10))
+        await self._call(
+            "remove",
+            "DELETE",
+            f"{router}/workers/{worker_id}?timeout={drain_timeout:g}",
+            ok=(200, 404),
+            client_timeout=aiohttp.ClientTimeout(total=drain_timeout + 10),
+        )

@@ -43,23 +43,36 @@ def _env_or_none(flag: str) -> str | None:
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
-    p = argparse.ArgumentParser(prog="smg-operator", description="Registers SMGWorker pools with every SMG router "
-                                "replica. Flags --x-y can also be set as SMG_OPERATOR_X_Y.")
+    p = argparse.ArgumentParser(
+        prog="smg-operator",
+        description="Registers SMGWorker pools with every SMG router "
+        "replica. Flags --x-y can also be set as SMG_OPERATOR_X_Y.",
+    )
     ns_env = _env("namespace", "")
-    p.add_argument("--namespace", action="append", default=None,
-                   help="namespace to watch (repeat; default: the whole cluster)")
+    p.add_argument(
+        "--namespace", action="append", default=None, help="namespace to watch (repeat; default: the whole cluster)"
+    )
     p.add_argument("--reconcile-interval", type=float, default=float(_env("reconcile-interval", "10")))
     p.add_argument("--router-service", default=_env_or_none("router-service"), help="default router Service name")
     p.add_argument("--router-namespace", default=_env_or_none("router-namespace"), help="its namespace")
     p.add_argument("--router-port", type=int, default=int(_env("router-port", "30000")))
     p.add_argument("--metrics-host", default=_env("metrics-host", "0.0.0.0"))
-    p.add_argument("--metrics-port", type=int, default=int(_env("metrics-port", "8080")),
-                   help="port of /metrics and /healthz (0: off)")
-    p.add_argument("--leader-election", action="store_true",
-                   default=_env("leader-election", "").lower() in ("1", "true", "yes"))
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("metrics-port", "8080")),
+        help="port of /metrics and /healthz (0: off)",
+    )
+    p.add_argument(
+        "--leader-election", action="store_true", default=_env("leader-election", "").lower() in ("1", "true", "yes")
+    )
     p.add_argument("--leader-election-namespace", default=_env_or_none("leader-election-namespace"))
-    p.add_argument("--leader-election-lease-duration", type=int,
-                   default=int(_env("leader-election-lease-duration", "15")), help="seconds (default 15)")
+    p.add_argument(
+        "--leader-election-lease-duration",
+        type=int,
+        default=int(_env("leader-election-lease-duration", "15")),
+        help="seconds (default 15)",
+    )
     p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", "5")))
     p.add_argument("--log-level", default=_env("log-level", "info"))
     a = p.parse_args(argv)
@@ -69,11 +82,19 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     if a.leader_election and not (a.leader_election_namespace or namespaces or os.environ.get("POD_NAMESPACE")):
         p.error("--leader-election needs --leader-election-namespace (or POD_NAMESPACE)")
     return OperatorSettings(
-        namespaces=namespaces, reconcile_interval=a.reconcile_interval, router_service=a.router_service,
-        router_namespace=a.router_namespace, router_port=a.router_port, metrics_host=a.metrics_host,
-        metrics_port=a.metrics_port, admin_api_key=os.environ.get("SMG_ADMIN_API_KEY") or None,
+        namespaces=namespaces,
+        reconcile_interval=a.reconcile_interval,
+        router_service=a.router_service,
+        router_namespace=a.router_namespace,
+        router_port=a.router_port,
+        metrics_host=a.metrics_host,
+        metrics_port=a.metrics_port,
+        admin_api_key=os.environ.get("SMG_ADMIN_API_KEY") or None,
         leader_election=a.leader_election,
-        leader_election_namespace=a.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+        leader_election_namespace=a.leader_election_namespace
+        or os.environ.get("POD_NAMESPACE")
         or (namespaces[0] if namespaces else None),
-        lease_duration=a.leader_election_lease_duration, router_timeout=a.router_timeout, log_level=a.log_level,
+        lease_duration=a.leader_election_lease_duration,
+        router_timeout=a.router_timeout,
+        log_level=a.log_level,
     )

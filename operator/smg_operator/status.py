@@ -81,22 +81,36 @@ class Event:
     message: str
 
 
-def _condition(ctype: str, ok: bool, reason: str, message: str, now: str, generation: int | None,
-               previous: Mapping[str, Mapping[str, Any]]) -> Condition:
+def _condition(
+    ctype: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None,
+    previous: Mapping[str, Mapping[str, Any]],
+) -> Condition:
     status: ConditionStatus = "True" if ok else "False"
     old = previous.get(ctype) or {}
     changed = old.get("status") != status
-    return {"type": ctype, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": now if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
-            "observedGeneration": generation}
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now if changed or not old.get("lastTransitionTime") else old["lastTransitionTime"],
+        "observedGeneration": generation,
+    }
 
 
-def build_status(observed: Observed, *, generation: int | None, now: str,
-                 previous: Mapping[str, Any] | None) -> tuple[SMGWorkerStatus, list[Event]]:
+def build_status(
+    observed: Observed, *, generation: int | None, now: str, previous: Mapping[str, Any] | None
+) -> tuple[SMGWorkerStatus, list[Event]]:
     """The new status, and the events for transitions (router unreachable / recovered, registration failures)."""
     previous = previous or {}
-    prev_conditions: dict[str, Mapping[str, Any]] = {c["type"]: c for c in previous.get("conditions") or []
-                                                     if isinstance(c, dict) and isinstance(c.get("type"), str)}
+    prev_conditions: dict[str, Mapping[str, Any]] = {
+        c["type"]: c for c in previous.get("conditions") or [] if isinstance(c, dict) and isinstance(c.get("type"), str)
+    }
     workers = observed.desired.workers
     urls = {w.url for w in workers}
     replicas = observed.replicas
@@ -104,12 +118,25 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
     everywhere = {u for u in urls if replicas and all(u in r.registered for r in replicas)}
 
     if workers:
-        resolved = _condition("EndpointsResolved", True, "EndpointsFound", f"{len(workers)} endpoint(s) serving",
-                              now, generation, prev_conditions)
+        resolved = _condition(
+            "EndpointsResolved",
+            True,
+            "EndpointsFound",
+            f"{len(workers)} endpoint(s) serving",
+            now,
+            generation,
+            prev_conditions,
+        )
     else:
-        resolved = _condition("EndpointsResolved", False, "NoMatchingPods",
-                              "no Running, Ready pod matches the selector and no static endpoint is set",
-                              now, generation, prev_conditions)
+        resolved = _condition(
+            "EndpointsResolved",
+            False,
+            "NoMatchingPods",
+            "no Running, Ready pod matches the selector and no static endpoint is set",
+            now,
+            generation,
+            prev_conditions,
+        )
     if observed.router_problem is not None:
         reason, message = observed.router_problem
         registered = _condition("Registered", False, reason, message, now, generation, prev_conditions)
@@ -120,13 +147,26 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
         failures = "; ".join(r.error for r in replicas if r.error) or "some endpoints are not registered yet"
         registered = _condition("Registered", False, "RegistrationFailed", failures, now, generation, prev_conditions)
     else:
-        registered = _condition("Registered", True, "RegisteredOnAllReplicas",
-                                f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)",
-                                now, generation, prev_conditions)
+        registered = _condition(
+            "Registered",
+            True,
+            "RegisteredOnAllReplicas",
+            f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)",
+            now,
+            generation,
+            prev_conditions,
+        )
     cause = resolved if resolved["status"] == "False" else registered
     ok = cause["status"] == "True"
-    ready = _condition("Ready", ok, "Ready" if ok else cause["reason"], "serving" if ok else cause["message"],
-                       now, generation, prev_conditions)
+    ready = _condition(
+        "Ready",
+        ok,
+        "Ready" if ok else cause["reason"],
+        "serving" if ok else cause["message"],
+        now,
+        generation,
+        prev_conditions,
+    )
     errors = [registered["message"]] if registered["status"] == "False" and workers else []
     if observed.conflicts:
         errors.append("registered by someone else, left alone: " + ", ".join(observed.conflicts))
@@ -137,8 +177,16 @@ def build_status(observed: Observed, *, generation: int | None, now: str,
         "registeredEndpoints": len(everywhere),
         "conditions": [ready, resolved, registered],
         "endpoints": [_endpoint(w, registered=w.url in everywhere) for w in workers],
-        "routers": [{"pod": r.pod, "url": r.url, "reachable": r.reachable, "registered": len(r.registered & urls),
-                     "lastSync": now} for r in replicas],
+        "routers": [
+            {
+                "pod": r.pod,
+                "url": r.url,
+                "reachable": r.reachable,
+                "registered": len(r.registered & urls),
+                "lastSync": now,
+            }
+            for r in replicas
+        ],
         "lastError": "; ".join(errors) or None,
     }
     return status, _events(prev_conditions.get("Registered"), registered)

@@ -31,13 +31,19 @@ STREAM_END_GRACE = 2.0
 async def serve(settings: Settings) -> None:
     app = build_app(settings)
     # handler_cancellation: a client that goes away cancels its handler, which aborts the upstream request.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
-                           shutdown_timeout=STREAM_END_GRACE)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, handle_signals=False, shutdown_timeout=STREAM_END_GRACE
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True, backlog=1024)
     await site.start()
-    log.info("smg-router serving on http://%s:%d (policy %s, %d worker(s) from the command line)",
-             settings.server.host, settings.server.port, settings.policy.name, len(settings.worker_urls))
+    log.info(
+        "smg-router serving on http://%s:%d (policy %s, %d worker(s) from the command line)",
+        settings.server.host,
+        settings.server.port,
+        settings.policy.name,
+        len(settings.worker_urls),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,22 +59,30 @@ async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> Non
     s = settings.server
     core.shutting_down = True
     admission = core.admission
-    log.info("shutting down: not ready; serving %.1f s more, then up to %.1f s for %d request(s) in flight",
-             s.shutdown_delay, s.shutdown_timeout, len(admission))
+    log.info(
+        "shutting down: not ready; serving %.1f s more, then up to %.1f s for %d request(s) in flight",
+        s.shutdown_delay,
+        s.shutdown_timeout,
+        len(admission),
+    )
     await asyncio.sleep(s.shutdown_delay)
     await site.stop()  # no new connections; open ones keep being served
     if not await admission.wait_idle(s.shutdown_timeout):
         ended = core.proxy.relay.end_streams()
-        log.warning("shutdown timeout: ending %d stream(s) with an error event; %d request(s) left",
-                    ended, len(admission))
+        log.warning(
+            "shutdown timeout: ending %d stream(s) with an error event; %d request(s) left", ended, len(admission)
+        )
         await admission.wait_idle(STREAM_END_GRACE)
     log.info("shut down (%d request(s) left)", len(admission))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
-    logging.basicConfig(level=settings.server.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.server.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

@@ -85,8 +85,10 @@ async def patch_worker(request: web.Request) -> web.Response:
     data = await _spec_body(request)
     bad = sorted(set(data) - PATCHABLE)
     if bad:
-        raise BadRequest(f"{bad[0]}: cannot be patched (patchable: {', '.join(sorted(PATCHABLE))}); "
-                         "use PUT to replace the worker", code="invalid_field")
+        raise BadRequest(
+            f"{bad[0]}: cannot be patched (patchable: {', '.join(sorted(PATCHABLE))}); use PUT to replace the worker",
+            code="invalid_field",
+        )
     draining = data.pop("draining", None)
     if draining is not None and not isinstance(draining, bool):
         raise BadRequest("draining: must be true or false", code="invalid_field")

@@ -84,8 +84,9 @@ class AttemptGuard:
     def __enter__(self) -> AttemptGuard:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _publish(self) -> None:
@@ -111,8 +112,9 @@ class Attempts:
         candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]
         if not candidates:
             what = "other " if exclude else ""
-            raise NoWorkerAvailable(f"no {what}healthy {role} worker for model '{req.model}'",
-                                    code="no_available_workers")
+            raise NoWorkerAvailable(
+                f"no {what}healthy {role} worker for model '{req.model}'", code="no_available_workers"
+            )
         policy = self._policies.policy_for(role, req.model)
         t0 = time.perf_counter()
         worker = policy.select(candidates, req, time.monotonic())

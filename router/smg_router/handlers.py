@@ -41,8 +41,9 @@ async def models(request: web.Request) -> web.Response:
     core: RouterCore = request.app[ROUTER]
     check_bearer(request, core.settings.server.api_key, what="the API key")
     names = sorted({w.model_id for w in core.registry if w.model_id is not None and w.routable})
-    return json_response({"object": "list",
-                  "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]})
+    return json_response(
+        {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]}
+    )
 
 
 async def liveness(request: web.Request) -> web.Response:

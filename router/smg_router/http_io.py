@@ -23,8 +23,10 @@ def check_bearer(request: web.Request, key: str | None, *, what: str) -> None:
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes."""
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
-                              code="payload_too_large")
+        raise PayloadTooLarge(
+            f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
+            code="payload_too_large",
+        )
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -67,12 +67,16 @@ STREAM = _nullable({"type": "boolean", "description": "true: the answer is Serve
 
 SCHEMAS: dict[str, Schema] = {
     "Error": {
-        "type": "object", "required": ["error"],
+        "type": "object",
+        "required": ["error"],
         "description": "Every error the router answers, and the OpenAI-shaped errors of the workers it relays.",
-        "properties": {"error": {
-            "type": "object", "required": ["message", "type", "code"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "string"}},
-        }},
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "code"],
+                "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "code": {"type": "string"}},
+            }
+        },
     },
     "Model": {
         "anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
@@ -81,37 +85,50 @@ SCHEMAS: dict[str, Schema] = {
     "ContentPart": {
         "type": "object",
         "description": "An OpenAI content part; the text of `text` parts is the routing text, others are passed "
-                       "to the worker as they are.",
+        "to the worker as they are.",
         "properties": {"type": {"description": "`text`, `image_url`, ..."}, "text": {}},
     },
     "Message": {
-        "type": "object", "required": ["role"],
+        "type": "object",
+        "required": ["role"],
         "properties": {
             "role": {"type": "string"},
-            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _ref("ContentPart")},
-                                  {"type": "null"}]},
+            "content": {
+                "oneOf": [{"type": "string"}, {"type": "array", "items": _ref("ContentPart")}, {"type": "null"}]
+            },
         },
     },
     "ChatCompletionRequest": {
-        "type": "object", "required": ["messages"],
+        "type": "object",
+        "required": ["messages"],
         "description": "Any other field is passed to the worker unchanged (the bytes are forwarded as sent).",
         "properties": {
             "model": _ref("Model"),
-            "messages": {"type": "array", "minItems": 1, "items": _ref("Message"),
-                         "description": "The whole conversation, in order, is the routing text."},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": _ref("Message"),
+                "description": "The whole conversation, in order, is the routing text.",
+            },
             "stream": STREAM,
             "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
         },
     },
     "CompletionRequest": {
-        "type": "object", "required": ["prompt"],
+        "type": "object",
+        "required": ["prompt"],
         "description": "Any other field is passed to the worker unchanged.",
         "properties": {
             "model": _ref("Model"),
-            "prompt": {"description": "A string, a batch of strings, token ids or a batch of token id lists.",
-                       "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                                 TOKEN_IDS, {"type": "array", "minItems": 1, "items": {"type": "array",
-                                                                                       "items": TOKEN_ID}}]},
+            "prompt": {
+                "description": "A string, a batch of strings, token ids or a batch of token id lists.",
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    TOKEN_IDS,
+                    {"type": "array", "minItems": 1, "items": {"type": "array", "items": TOKEN_ID}},
+                ],
+            },
             "stream": STREAM,
             "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
         },
@@ -119,42 +136,82 @@ SCHEMAS: dict[str, Schema] = {
     "GenerateRequest": {
         "type": "object",
         "description": "SGLang's native request: `text` or `input_ids` (not null; the worker takes exactly one). "
-                       "Any other field is passed to the worker unchanged.",
-        "anyOf": [{"required": ["text"], "properties": {"text": {"not": {"type": "null"}}}},
-                  {"required": ["input_ids"], "properties": {"input_ids": {"not": {"type": "null"}}}}],
+        "Any other field is passed to the worker unchanged.",
+        "anyOf": [
+            {"required": ["text"], "properties": {"text": {"not": {"type": "null"}}}},
+            {"required": ["input_ids"], "properties": {"input_ids": {"not": {"type": "null"}}}},
+        ],
         "properties": {
             "model": _ref("Model"),
-            "text": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                               {"type": "null"}]},
-            "input_ids": {"oneOf": [TOKEN_IDS, {"type": "array", "minItems": 1, "items": {
-                "type": "array", "items": TOKEN_ID}}, {"type": "null"}]},
+            "text": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    {"type": "null"},
+                ]
+            },
+            "input_ids": {
+                "oneOf": [
+                    TOKEN_IDS,
+                    {"type": "array", "minItems": 1, "items": {"type": "array", "items": TOKEN_ID}},
+                    {"type": "null"},
+                ]
+            },
             "stream": STREAM,
             "sampling_params": {
                 "description": "An object (max_new_tokens, temperature, stop, ...). " + PASSED_THROUGH,
-                "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})}},
+                "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})},
+            },
         },
     },
     "WorkerSpec": {
-        "type": "object", "required": ["url"], "additionalProperties": False,
+        "type": "object",
+        "required": ["url"],
+        "additionalProperties": False,
         "description": "A registration (POST /workers); the same URL with the same spec again is a no-op.",
         "properties": {
-            "url": {"type": "string", "minLength": 1,
-                    "description": "http(s)://host[:port], without credentials, path, query or fragment."},
+            "url": {
+                "type": "string",
+                "minLength": 1,
+                "description": "http(s)://host[:port], without credentials, path, query or fragment.",
+            },
             "role": _nullable({"type": "string", "enum": ["regular", "prefill", "decode"], "default": "regular"}),
-            "model_id": _nullable({"type": "string", "minLength": 1,
-                                   "description": "Discovered from the worker's /v1/models when absent."}),
-            "bootstrap_port": _nullable({"type": "integer", "minimum": 1, "maximum": 65535,
-                                         "description": "A prefill worker's PD bootstrap port."}),
-            "labels": _nullable({"type": "object", "additionalProperties": {"type": "string"},
-                                 "description": "`policy=<name>` chooses the policy of the worker's model."}),
+            "model_id": _nullable(
+                {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Discovered from the worker's /v1/models when absent.",
+                }
+            ),
+            "bootstrap_port": _nullable(
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 65535,
+                    "description": "A prefill worker's PD bootstrap port.",
+                }
+            ),
+            "labels": _nullable(
+                {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                    "description": "`policy=<name>` chooses the policy of the worker's model.",
+                }
+            ),
             "priority": {"type": "integer", "default": 50},
-            "owner": _nullable({"type": "string", "default": "user",
-                                "description": "Who registered it (the operator writes its own name)."}),
+            "owner": _nullable(
+                {
+                    "type": "string",
+                    "default": "user",
+                    "description": "Who registered it (the operator writes its own name).",
+                }
+            ),
             "draining": {"description": "Ignored here; PATCH sets it."},
         },
     },
     "WorkerPatch": {
-        "type": "object", "additionalProperties": False,
+        "type": "object",
+        "additionalProperties": False,
         "properties": {
             "labels": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
             "priority": {"type": "integer"},
@@ -163,37 +220,67 @@ SCHEMAS: dict[str, Schema] = {
     },
     "Worker": {
         "type": "object",
-        "required": ["id", "url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner", "status",
-                     "routable", "breaker", "load"],
+        "required": [
+            "id",
+            "url",
+            "role",
+            "model_id",
+            "bootstrap_port",
+            "labels",
+            "priority",
+            "owner",
+            "status",
+            "routable",
+            "breaker",
+            "load",
+        ],
         "properties": {
-            "id": {"type": "string"}, "url": {"type": "string"},
+            "id": {"type": "string"},
+            "url": {"type": "string"},
             "role": {"type": "string", "enum": ["regular", "prefill", "decode"]},
             "model_id": _nullable({"type": "string"}),
             "bootstrap_port": _nullable({"type": "integer"}),
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-            "priority": {"type": "integer"}, "owner": {"type": "string"},
+            "priority": {"type": "integer"},
+            "owner": {"type": "string"},
             "status": {"type": "string", "enum": ["pending", "ready", "not_ready", "draining", "failed"]},
             "routable": {"type": "boolean"},
             "breaker": {"type": "string"},
-            "load": {"type": "object", "required": ["inflight", "backend", "processed"], "properties": {
-                "inflight": {"type": "integer"}, "backend": _nullable({"type": "integer"}),
-                "processed": {"type": "integer"}}},
+            "load": {
+                "type": "object",
+                "required": ["inflight", "backend", "processed"],
+                "properties": {
+                    "inflight": {"type": "integer"},
+                    "backend": _nullable({"type": "integer"}),
+                    "processed": {"type": "integer"},
+                },
+            },
         },
     },
     "Removed": {
-        "type": "object", "required": ["removed", "drained"],
-        "properties": {"removed": _ref("Worker"),
-                       "drained": {"type": "boolean", "description": "false: the drain timed out first"}},
+        "type": "object",
+        "required": ["removed", "drained"],
+        "properties": {
+            "removed": _ref("Worker"),
+            "drained": {"type": "boolean", "description": "false: the drain timed out first"},
+        },
     },
     "Event": {
-        "type": "object", "required": ["data"],
+        "type": "object",
+        "required": ["data"],
         "description": "One Server-Sent Event of a stream (OpenAPI 3.1: the schema of each event).",
-        "properties": {"data": {"type": "string", "description": "A JSON chunk of the worker's stream as it sent "
-                                "it; {\"error\": {...}} when the stream fails after its first byte; then [DONE]."},
-                       "event": {"type": "string"}},
+        "properties": {
+            "data": {
+                "type": "string",
+                "description": "A JSON chunk of the worker's stream as it sent "
+                'it; {"error": {...}} when the stream fails after its first byte; then [DONE].',
+            },
+            "event": {"type": "string"},
+        },
     },
     "Probe": {
-        "type": "object", "required": ["status"],
+        "type": "object",
+        "required": ["status"],
         "properties": {"status": {"type": "string"}, "workers": {"type": "integer"}, "routable": {"type": "integer"}},
     },
 }
@@ -201,32 +288,49 @@ SCHEMAS: dict[str, Schema] = {
 SCHEMAS["WorkerReplacement"] = {
     **{k: v for k, v in SCHEMAS["WorkerSpec"].items() if k != "required"},
     "description": "A whole new spec (PUT): what it leaves out takes its default; `url` may be left out but "
-                   "cannot change, and a missing `model_id` keeps the known one.",
+    "cannot change, and a missing `model_id` keeps the known one.",
 }
 
 Security = list[dict[str, list[str]]]
 ADMIN: Security = [{"adminKey": []}]
 DATA: Security = [{"apiKey": []}]
 OPEN: Security = []
-WORKER_ID = {"name": "worker_id", "in": "path", "required": True, "schema": {"type": "string"},
-             "description": "`w-` and 12 hex digits of the URL's SHA-1 (GET /workers lists them)."}
-DRAIN_TIMEOUT = {"name": "timeout", "in": "query", "required": False,
-                 "schema": {"type": "number", "minimum": 0},
-                 "description": "Seconds to wait for in-flight requests (default --drain-timeout)."}
+WORKER_ID = {
+    "name": "worker_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "`w-` and 12 hex digits of the URL's SHA-1 (GET /workers lists them).",
+}
+DRAIN_TIMEOUT = {
+    "name": "timeout",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "number", "minimum": 0},
+    "description": "Seconds to wait for in-flight requests (default --drain-timeout).",
+}
 QUERY_URL = {"name": "url", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}}
 
 
 def _generation(summary: str, request: str) -> dict[str, Any]:
-    return {"post": {
-        "summary": summary, "security": DATA, "requestBody": _body(_ref(request)),
-        "responses": {
-            "200": {"description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
-                    "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": _ref("Event")}}},
-            **_errors(400, 401, 404, 413, 502, 503, 504),
-            "default": {"description": "Any other error the worker answered, relayed",
-                        "content": _json_content(_ref("Error"))},
-        },
-    }}
+    return {
+        "post": {
+            "summary": summary,
+            "security": DATA,
+            "requestBody": _body(_ref(request)),
+            "responses": {
+                "200": {
+                    "description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
+                    "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": _ref("Event")}},
+                },
+                **_errors(400, 401, 404, 413, 502, 503, 504),
+                "default": {
+                    "description": "Any other error the worker answered, relayed",
+                    "content": _json_content(_ref("Error")),
+                },
+            },
+        }
+    }
 
 
 def _probe(summary: str, *, can_fail: bool) -> dict[str, Any]:
@@ -242,54 +346,139 @@ def _paths() -> dict[str, Any]:
         "/v1/chat/completions": _generation("Chat completion, routed to a worker", "ChatCompletionRequest"),
         "/v1/completions": _generation("Completion, routed to a worker", "CompletionRequest"),
         "/generate": _generation("SGLang generate, routed to a worker", "GenerateRequest"),
-        "/v1/models": {"get": {
-            "summary": "Models of the routable workers", "security": DATA,
-            "responses": {**_ok("Models", {"type": "object", "required": ["object", "data"], "properties": {
-                "object": {"type": "string"}, "data": {"type": "array", "items": {
-                    "type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}}}}}),
-                **_errors(401)}}},
+        "/v1/models": {
+            "get": {
+                "summary": "Models of the routable workers",
+                "security": DATA,
+                "responses": {
+                    **_ok(
+                        "Models",
+                        {
+                            "type": "object",
+                            "required": ["object", "data"],
+                            "properties": {
+                                "object": {"type": "string"},
+                                "data": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["id"],
+                                        "properties": {"id": {"type": "string"}},
+                                    },
+                                },
+                            },
+                        },
+                    ),
+                    **_errors(401),
+                },
+            }
+        },
         "/health": _probe("Same as /readiness", can_fail=True),
         "/liveness": _probe("The process serves", can_fail=False),
         "/readiness": _probe("At least one routable worker (PD: a prefill and a decode one)", can_fail=True),
-        "/metrics": {"get": {"summary": "Prometheus metrics (docs/metrics.md)", "security": OPEN, "responses": {
-            "200": {"description": "Text exposition format",
-                    "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-        DOCUMENT_PATH: {"get": {"summary": "This document", "security": OPEN,
-                                "responses": _ok("OpenAPI 3.1 document", {"type": "object"})}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (docs/metrics.md)",
+                "security": OPEN,
+                "responses": {
+                    "200": {
+                        "description": "Text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        DOCUMENT_PATH: {
+            "get": {
+                "summary": "This document",
+                "security": OPEN,
+                "responses": _ok("OpenAPI 3.1 document", {"type": "object"}),
+            }
+        },
         "/workers": {
-            "post": {"summary": "Register a worker", "security": ADMIN, "requestBody": _body(_ref("WorkerSpec")),
-                     "responses": {**_ok("Already registered with this spec", worker),
-                                   **_ok("Registered", worker, 201), **_errors(400, 401, 409, 413)}},
-            "get": {"summary": "Every registered worker", "security": OPEN,
-                    "responses": _ok("The fleet", {"type": "object", "required": ["workers"], "properties": {
-                        "workers": {"type": "array", "items": worker}}})},
+            "post": {
+                "summary": "Register a worker",
+                "security": ADMIN,
+                "requestBody": _body(_ref("WorkerSpec")),
+                "responses": {
+                    **_ok("Already registered with this spec", worker),
+                    **_ok("Registered", worker, 201),
+                    **_errors(400, 401, 409, 413),
+                },
+            },
+            "get": {
+                "summary": "Every registered worker",
+                "security": OPEN,
+                "responses": _ok(
+                    "The fleet",
+                    {
+                        "type": "object",
+                        "required": ["workers"],
+                        "properties": {"workers": {"type": "array", "items": worker}},
+                    },
+                ),
+            },
         },
         "/workers/{worker_id}": {
             "parameters": [WORKER_ID],
-            "get": {"summary": "One worker", "security": OPEN, "responses": {**_ok("The worker", worker),
-                                                                            **_errors(404)}},
-            "patch": {"summary": "Change labels, priority or draining", "security": ADMIN,
-                      "requestBody": _body(_ref("WorkerPatch")),
-                      "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)}},
-            "put": {"summary": "Replace the spec (url may be left out: it cannot change)", "security": ADMIN,
-                    "requestBody": _body(_ref("WorkerReplacement")),
-                    "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)}},
-            "delete": {"summary": "Drain, then remove", "security": ADMIN, "parameters": [DRAIN_TIMEOUT],
-                       "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)}},
+            "get": {
+                "summary": "One worker",
+                "security": OPEN,
+                "responses": {**_ok("The worker", worker), **_errors(404)},
+            },
+            "patch": {
+                "summary": "Change labels, priority or draining",
+                "security": ADMIN,
+                "requestBody": _body(_ref("WorkerPatch")),
+                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)},
+            },
+            "put": {
+                "summary": "Replace the spec (url may be left out: it cannot change)",
+                "security": ADMIN,
+                "requestBody": _body(_ref("WorkerReplacement")),
+                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)},
+            },
+            "delete": {
+                "summary": "Drain, then remove",
+                "security": ADMIN,
+                "parameters": [DRAIN_TIMEOUT],
+                "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)},
+            },
         },
-        "/add_worker": {"post": {
-            "summary": "SGLang router compatible: register a worker by URL", "security": ADMIN,
-            "parameters": [QUERY_URL],
-            "responses": {**_ok("Already registered", worker), **_ok("Registered", worker, 201),
-                          **_errors(400, 401, 409)}}},
-        "/remove_worker": {"post": {
-            "summary": "SGLang router compatible: drain and remove a worker by URL", "security": ADMIN,
-            "parameters": [QUERY_URL, DRAIN_TIMEOUT],
-            "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)}}},
-        "/list_workers": {"get": {
-            "summary": "SGLang router compatible: the registered URLs", "security": OPEN,
-            "responses": _ok("URLs", {"type": "object", "required": ["urls"], "properties": {
-                "urls": {"type": "array", "items": {"type": "string"}}}})}},
+        "/add_worker": {
+            "post": {
+                "summary": "SGLang router compatible: register a worker by URL",
+                "security": ADMIN,
+                "parameters": [QUERY_URL],
+                "responses": {
+                    **_ok("Already registered", worker),
+                    **_ok("Registered", worker, 201),
+                    **_errors(400, 401, 409),
+                },
+            }
+        },
+        "/remove_worker": {
+            "post": {
+                "summary": "SGLang router compatible: drain and remove a worker by URL",
+                "security": ADMIN,
+                "parameters": [QUERY_URL, DRAIN_TIMEOUT],
+                "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)},
+            }
+        },
+        "/list_workers": {
+            "get": {
+                "summary": "SGLang router compatible: the registered URLs",
+                "security": OPEN,
+                "responses": _ok(
+                    "URLs",
+                    {
+                        "type": "object",
+                        "required": ["urls"],
+                        "properties": {"urls": {"type": "array", "items": {"type": "string"}}},
+                    },
+                ),
+            }
+        },
     }
 
 
@@ -305,17 +494,26 @@ def document() -> dict[str, Any]:
     """The whole document (built once; callers must not change it)."""
     return {
         "openapi": "3.1.0",
-        "info": {"title": "SMG router", "version": _version(),
-                 "description": "OpenAI-compatible data plane and lifecycle API of a cache-aware LLM router. "
-                                "Errors are `{\"error\": {\"message\", \"type\", \"code\"}}`."},
+        "info": {
+            "title": "SMG router",
+            "version": _version(),
+            "description": "OpenAI-compatible data plane and lifecycle API of a cache-aware LLM router. "
+            'Errors are `{"error": {"message", "type", "code"}}`.',
+        },
         "paths": _paths(),
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {
-                "adminKey": {"type": "http", "scheme": "bearer",
-                             "description": "--admin-api-key; lifecycle mutations need it when one is set"},
-                "apiKey": {"type": "http", "scheme": "bearer",
-                           "description": "--api-key; the data plane needs it when one is set"},
+                "adminKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "--admin-api-key; lifecycle mutations need it when one is set",
+                },
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "--api-key; the data plane needs it when one is set",
+                },
             },
         },
     }

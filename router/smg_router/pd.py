@@ -55,12 +55,14 @@ def with_bootstrap(endpoint: str, body: dict[str, Any], prefill: Worker) -> byte
     if n is None:
         fields = {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": random.getrandbits(63)}
     else:
-        fields = {"bootstrap_host": [host] * n, "bootstrap_port": [port] * n,
-                  "bootstrap_room": [random.getrandbits(63) for _ in range(n)]}
+        fields = {
+            "bootstrap_host": [host] * n,
+            "bootstrap_port": [port] * n,
+            "bootstrap_room": [random.getrandbits(63) for _ in range(n)],
+        }
     for name in fields:
         if name in body:
-            raise BadRequest(f"{name}: set by the router in PD mode; remove it from the request",
-                             code="invalid_field")
+            raise BadRequest(f"{name}: set by the router in PD mode; remove it from the request", code="invalid_field")
     return orjson.dumps({**body, **fields})
 
 
@@ -103,8 +105,9 @@ class PDDispatcher:
             await resp.read()
         except Exception as e:
             guard.failed()
-            raise UpstreamError(f"prefill worker {guard.worker.url} failed mid-request: {e}",
-                                code="prefill_failed") from None
+            raise UpstreamError(
+                f"prefill worker {guard.worker.url} failed mid-request: {e}", code="prefill_failed"
+            ) from None
         finally:
             resp.abort()
         guard.answered(resp.status)
@@ -120,13 +123,13 @@ class PDDispatcher:
             guard.answered(resp.status)
             detail = (await resp.read())[:300].decode(errors="replace")
             resp.abort()
-            raise UpstreamError(f"{role} worker {worker.url} answered {resp.status}: {detail}",
-                                code=f"{role}_failed")
+            raise UpstreamError(f"{role} worker {worker.url} answered {resp.status}: {detail}", code=f"{role}_failed")
         return resp
 
 
-async def _settle(prefill_leg: asyncio.Future[None], decode_leg: asyncio.Future[UpstreamResponse], *,
-                  succeeded: bool) -> None:
+async def _settle(
+    prefill_leg: asyncio.Future[None], decode_leg: asyncio.Future[UpstreamResponse], *, succeeded: bool
+) -> None:
     """Cut off a leg still running: after a failure so nothing hangs, and after a success the prefill answer
     (never shown to the client) is moot, since the decode answer proves the KV arrived."""
     for leg in (prefill_leg, decode_leg):

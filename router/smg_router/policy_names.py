@@ -4,10 +4,16 @@ from __future__ import annotations
 
 POLICY_NAMES = ("random", "round_robin", "power_of_two", "least_load", "cache_aware")
 ALIASES = {
-    "cacheaware": "cache_aware", "cache": "cache_aware",
-    "roundrobin": "round_robin", "rr": "round_robin",
-    "poweroftwo": "power_of_two", "power_of_2": "power_of_two", "p2c": "power_of_two",
-    "leastload": "least_load", "least_loaded": "least_load", "shortest_queue": "least_load",
+    "cacheaware": "cache_aware",
+    "cache": "cache_aware",
+    "roundrobin": "round_robin",
+    "rr": "round_robin",
+    "poweroftwo": "power_of_two",
+    "power_of_2": "power_of_two",
+    "p2c": "power_of_two",
+    "leastload": "least_load",
+    "least_loaded": "least_load",
+    "shortest_queue": "least_load",
 }
 
 

@@ -32,16 +32,27 @@ log = logging.getLogger(__name__)
 
 
 class Proxy:
-    def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, upstream: Upstream,
-                 metrics: Metrics, retry: RetrySettings, pd_mode: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        registry: WorkerRegistry,
+        policies: PolicyRegistry,
+        upstream: Upstream,
+        metrics: Metrics,
+        retry: RetrySettings,
+        pd_mode: bool = False,
+    ) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
         self.relay = Relay(metrics=metrics)
-        self._pd = PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self.relay,
-                                metrics=metrics) if pd_mode else None
+        self._pd = (
+            PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self.relay, metrics=metrics)
+            if pd_mode
+            else None
+        )
 
     async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""
@@ -109,8 +120,11 @@ class Proxy:
                     last_error = e
                     log.warning("worker %s unreachable (%s); attempt %d", worker.url, e, attempt + 1)
                     continue
-                if is_retryable(upstream.status) and attempt < self._retry.max_retries and (
-                        upstream.status != 429 or self._attempts.any_left("regular", req, tried)):
+                if (
+                    is_retryable(upstream.status)
+                    and attempt < self._retry.max_retries
+                    and (upstream.status != 429 or self._attempts.any_left("regular", req, tried))
+                ):
                     # a 429 with no other worker to try is passed on: the client's back-off is the remedy
                     guard.answered(upstream.status)
                     upstream.release()
@@ -120,8 +134,10 @@ class Proxy:
                 return await self.relay.relay(request, req, upstream, guard)
         if isinstance(last_error, TimeoutError):
             raise UpstreamTimeout(f"no worker answered in time after {len(tried)} attempt(s)")
-        raise UpstreamError(f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",
-                            code="upstream_unavailable")
+        raise UpstreamError(
+            f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",
+            code="upstream_unavailable",
+        )
 
     def _backoff(self, attempt: int) -> float:
         r = self._retry

@@ -26,8 +26,20 @@ from smg_router.request import ProxyRequest
 from smg_router.upstream.base import UpstreamResponse
 from smg_router.workers.worker import Worker
 
-DROP_RESPONSE_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "date",
-                                   "server", "proxy-connection", "upgrade", "te", "trailer"})
+DROP_RESPONSE_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "date",
+        "server",
+        "proxy-connection",
+        "upgrade",
+        "te",
+        "trailer",
+    }
+)
 
 
 class Relay:
@@ -47,8 +59,9 @@ class Relay:
             task.cancel()
         return len(self._streams)
 
-    async def relay(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
-                    guard: AttemptGuard) -> web.StreamResponse:
+    async def relay(
+        self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard
+    ) -> web.StreamResponse:
         """Pass the worker's answer through; the caller closes the guard."""
         try:
             headers = response_headers(upstream.headers, guard.worker)
@@ -61,15 +74,22 @@ class Relay:
                 raise UpstreamTimeout(f"worker {guard.worker.id} did not finish in time") from None
             except OSError as e:
                 guard.failed()
-                raise UpstreamError(f"worker {guard.worker.id} broke off its answer: {e}",
-                                    code="upstream_disconnected") from None
+                raise UpstreamError(
+                    f"worker {guard.worker.id} broke off its answer: {e}", code="upstream_disconnected"
+                ) from None
             guard.answered(upstream.status)
             return web.Response(status=upstream.status, body=body, headers=headers)
         finally:
             upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 
-    async def _stream(self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse,
-                      guard: AttemptGuard, headers: dict[str, str]) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        req: ProxyRequest,
+        upstream: UpstreamResponse,
+        guard: AttemptGuard,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
         """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
         out = web.StreamResponse(status=upstream.status, headers=headers)
         await out.prepare(request)
@@ -86,13 +106,18 @@ class Relay:
                     break
                 except TimeoutError:
                     guard.failed()
-                    await _end_with_error(out, "the worker did not finish in time", type="upstream_timeout",
-                                          code="upstream_timeout")
+                    await _end_with_error(
+                        out, "the worker did not finish in time", type="upstream_timeout", code="upstream_timeout"
+                    )
                     return out
                 except OSError as e:
                     guard.failed()
-                    await _end_with_error(out, f"the worker broke off the stream: {e}", type="upstream_error",
-                                          code="upstream_disconnected")
+                    await _end_with_error(
+                        out,
+                        f"the worker broke off the stream: {e}",
+                        type="upstream_error",
+                        code="upstream_disconnected",
+                    )
                     return out
                 if first:
                     first = False
@@ -107,8 +132,12 @@ class Relay:
             if not self.closing:
                 raise  # the client went away
             task.uncancel()
-            await _end_with_error(out, "the router is shutting down; retry the request", type="service_unavailable",
-                                  code="router_shutting_down")
+            await _end_with_error(
+                out,
+                "the router is shutting down; retry the request",
+                type="service_unavailable",
+                code="router_shutting_down",
+            )
             return out
         finally:
             self._streams.discard(task)

@@ -120,8 +120,9 @@ def generate_text(body: dict[str, Any]) -> str:
 TEXT_OF = {"chat": chat_text, "completions": completion_text, "generate": generate_text}
 
 
-def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = None,
-                  forward: tuple[str, ...] = FORWARD_REQUEST_HEADERS) -> ProxyRequest:
+def parse_request(
+    kind: str, raw: bytes, headers: Mapping[str, str] | None = None, forward: tuple[str, ...] = FORWARD_REQUEST_HEADERS
+) -> ProxyRequest:
     """Parse a ``chat``, ``completions`` or ``generate`` body; a 400 naming the field when it is wrong."""
     body = parse_json_object(raw)
     model = body.get("model")
@@ -131,8 +132,15 @@ def parse_request(kind: str, raw: bytes, headers: Mapping[str, str] | None = Non
     if stream is not None and not isinstance(stream, bool):  # a worker may read 1 or "yes" as true: never guess
         raise BadRequest("stream must be true or false", code="invalid_field")
     forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
-    return ProxyRequest(endpoint=ENDPOINTS[kind], requested_model=model, stream=stream is True,
-                        text=TEXT_OF[kind](body), body=body, raw=raw, headers=forwarded)
+    return ProxyRequest(
+        endpoint=ENDPOINTS[kind],
+        requested_model=model,
+        stream=stream is True,
+        text=TEXT_OF[kind](body),
+        body=body,
+        raw=raw,
+        headers=forwarded,
+    )
 
 
 class Admission:
@@ -157,14 +165,19 @@ class Admission:
         size = request.content_length
         if size is not None and size > self.max_body:
             self._reject("payload_too_large")
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {self.max_body} bytes",
-                                  code="payload_too_large")
+            raise PayloadTooLarge(
+                f"request body of {size} bytes exceeds the limit of {self.max_body} bytes", code="payload_too_large"
+            )
         reserved = self.max_body if size is None else size
         if self._count >= self.max_requests or self._bytes + reserved > self.max_bytes:
             reason = "concurrency" if self._count >= self.max_requests else "inflight_bytes"
             self._reject(reason)
-            raise Overloaded(f"the router is at its limit ({self._count} requests, {self._bytes} body bytes in "
-                             "flight); retry shortly", code="overloaded", retry_after=RETRY_AFTER_S)
+            raise Overloaded(
+                f"the router is at its limit ({self._count} requests, {self._bytes} body bytes in "
+                "flight); retry shortly",
+                code="overloaded",
+                retry_after=RETRY_AFTER_S,
+            )
         self._count += 1
         self._bytes += reserved
         if self._idle is not None:

@@ -22,47 +22,83 @@ log = logging.getLogger("smg_sim")
 def build_parser() -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(
-        prog="smg-sim", description="Simulated SGLang/OpenAI-compatible LLM inference worker (no GPU).",
+        prog="smg-sim",
+        description="Simulated SGLang/OpenAI-compatible LLM inference worker (no GPU).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default=d.host, help="address to listen on")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on (0 = any free port)")
     p.add_argument("--model", default=d.model, help="served model name")
     p.add_argument("--role", choices=ROLES, default=d.role, help="PD disaggregation role")
-    p.add_argument("--bootstrap-port", type=int, default=None,
-                   help=f"prefill role: bootstrap server port (default {DEFAULT_BOOTSTRAP_PORT})")
-    p.add_argument("--time-scale", type=float, default=d.time_scale,
-                   help="multiplier on all simulated durations (0.01 = 100x faster)")
+    p.add_argument(
+        "--bootstrap-port",
+        type=int,
+        default=None,
+        help=f"prefill role: bootstrap server port (default {DEFAULT_BOOTSTRAP_PORT})",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="multiplier on all simulated durations (0.01 = 100x faster)",
+    )
     p.add_argument("--max-running", type=int, default=d.max_running, help="max concurrently running requests")
     p.add_argument("--kv-capacity", type=int, default=d.kv_capacity, help="KV cache capacity in tokens")
-    p.add_argument("--prefill-tps", type=float, default=d.prefill_tps,
-                   help="prefill speed, uncached tokens/s")
+    p.add_argument("--prefill-tps", type=float, default=d.prefill_tps, help="prefill speed, uncached tokens/s")
     p.add_argument("--decode-step-ms", type=float, default=d.decode_step_ms, help="base decode step time")
-    p.add_argument("--decode-step-ms-per-req", type=float, default=d.decode_step_ms_per_req,
-                   help="extra decode step time per running request")
-    p.add_argument("--max-tokens-default", type=int, default=d.max_tokens_default,
-                   help="completion length when the request does not set one")
+    p.add_argument(
+        "--decode-step-ms-per-req",
+        type=float,
+        default=d.decode_step_ms_per_req,
+        help="extra decode step time per running request",
+    )
+    p.add_argument(
+        "--max-tokens-default",
+        type=int,
+        default=d.max_tokens_default,
+        help="completion length when the request does not set one",
+    )
     p.add_argument("--error-rate", type=float, default=d.error_rate, help="fraction of requests answered 500")
     p.add_argument("--hang-rate", type=float, default=d.hang_rate, help="fraction of requests never answered")
-    p.add_argument("--slow-start", type=float, default=d.slow_start,
-                   help="seconds of 503 from /health at start")
+    p.add_argument("--slow-start", type=float, default=d.slow_start, help="seconds of 503 from /health at start")
     p.add_argument("--crash-after", type=int, default=None, help="exit(1) on the N-th generation request")
     p.add_argument("--seed", type=int, default=None, help="seed of the fault injection")
-    p.add_argument("--bootstrap-timeout", type=float, default=d.bootstrap_timeout,
-                   help="seconds to wait for a bootstrap room (both sides of PD)")
-    p.add_argument("--log-level", default=d.log_level, type=str.lower,
-                   choices=["debug", "info", "warning", "error", "critical"], help="logging level")
+    p.add_argument(
+        "--bootstrap-timeout",
+        type=float,
+        default=d.bootstrap_timeout,
+        help="seconds to wait for a bootstrap room (both sides of PD)",
+    )
+    p.add_argument(
+        "--log-level",
+        default=d.log_level,
+        type=str.lower,
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="logging level",
+    )
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
-        host=args.host, port=args.port, model=args.model, role=args.role, bootstrap_port=args.bootstrap_port,
-        time_scale=args.time_scale, max_running=args.max_running, kv_capacity=args.kv_capacity,
-        prefill_tps=args.prefill_tps, decode_step_ms=args.decode_step_ms,
-        decode_step_ms_per_req=args.decode_step_ms_per_req, max_tokens_default=args.max_tokens_default,
-        error_rate=args.error_rate, hang_rate=args.hang_rate, slow_start=args.slow_start,
-        crash_after=args.crash_after, seed=args.seed, log_level=args.log_level,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        role=args.role,
+        bootstrap_port=args.bootstrap_port,
+        time_scale=args.time_scale,
+        max_running=args.max_running,
+        kv_capacity=args.kv_capacity,
+        prefill_tps=args.prefill_tps,
+        decode_step_ms=args.decode_step_ms,
+        decode_step_ms_per_req=args.decode_step_ms_per_req,
+        max_tokens_default=args.max_tokens_default,
+        error_rate=args.error_rate,
+        hang_rate=args.hang_rate,
+        slow_start=args.slow_start,
+        crash_after=args.crash_after,
+        seed=args.seed,
+        log_level=args.log_level,
         bootstrap_timeout=args.bootstrap_timeout,
     )
 
@@ -78,7 +114,12 @@ async def serve(config: SimConfig) -> None:
     boot = f", bootstrap on {server.bootstrap_url}" if server.bootstrap_url else ""
     log.info(
         "smg-sim serving model %r on %s (role=%s%s, time_scale=%g, max_running=%d, kv_capacity=%d)",
-        config.model, server.url, config.role, boot, config.time_scale, config.max_running,
+        config.model,
+        server.url,
+        config.role,
+        boot,
+        config.time_scale,
+        config.max_running,
         config.kv_capacity,
     )
     try:
@@ -96,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"smg-sim: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=config.log_level.upper(), stream=sys.stderr,
+        level=config.log_level.upper(),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

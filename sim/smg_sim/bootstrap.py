@@ -118,8 +118,10 @@ async def _get_room(request: web.Request) -> web.Response:
         raise ApiError(410, f"prefill for bootstrap room {room} failed: {error}", code="room_failed")
     if status == "pending":
         raise ApiError(
-            504, f"prefill for bootstrap room {room} did not finish within {timeout:g}s",
-            type="server_error", code="room_timeout",
+            504,
+            f"prefill for bootstrap room {room} did not finish within {timeout:g}s",
+            type="server_error",
+            code="room_timeout",
         )
     raise ApiError(404, f"bootstrap room {room} not found", code="room_not_found")
 
@@ -150,9 +152,7 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def fetch_room(
-    session: aiohttp.ClientSession, *, host: str, port: int, room: str, wait_s: float
-) -> RoomInfo:
+async def fetch_room(session: aiohttp.ClientSession, *, host: str, port: int, room: str, wait_s: float) -> RoomInfo:
     """Simulated KV transfer: fetch the room from the prefill worker or raise a clear ApiError."""
     where = _hostport(host, port)
     url = f"http://{where}/bootstrap/room/{room}"
@@ -164,33 +164,45 @@ async def fetch_room(
             status = resp.status
     except TimeoutError as exc:
         raise ApiError(
-            504, f"kv transfer failed: bootstrap server {where} did not answer for room {room}",
-            type="server_error", code="kv_transfer_timeout",
+            504,
+            f"kv transfer failed: bootstrap server {where} did not answer for room {room}",
+            type="server_error",
+            code="kv_transfer_timeout",
         ) from exc
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         raise ApiError(
-            502, f"kv transfer failed: bootstrap server {where} unreachable for room {room}: {exc}",
-            type="server_error", code="bootstrap_unreachable",
+            502,
+            f"kv transfer failed: bootstrap server {where} unreachable for room {room}: {exc}",
+            type="server_error",
+            code="bootstrap_unreachable",
         ) from exc
     if status == 200 and isinstance(body, dict):
         try:
             return RoomInfo(
-                room=str(body["room"]), prompt_tokens=int(body["prompt_tokens"]),
-                cached_tokens=int(body["cached_tokens"]), ready_time=float(body["ready_time"]),
+                room=str(body["room"]),
+                prompt_tokens=int(body["prompt_tokens"]),
+                cached_tokens=int(body["cached_tokens"]),
+                ready_time=float(body["ready_time"]),
                 worker=str(body["worker"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ApiError(
-                502, f"kv transfer failed: bootstrap server {where} sent a malformed room {room}: {exc!r}",
-                type="server_error", code="bootstrap_malformed",
+                502,
+                f"kv transfer failed: bootstrap server {where} sent a malformed room {room}: {exc!r}",
+                type="server_error",
+                code="bootstrap_malformed",
             ) from exc
     if status == 404:
         raise ApiError(
-            500, f"kv transfer failed: bootstrap room {room} not found on {where}",
-            type="server_error", code="kv_transfer_failed",
+            500,
+            f"kv transfer failed: bootstrap room {room} not found on {where}",
+            type="server_error",
+            code="kv_transfer_failed",
         )
     detail = body.get("error", {}).get("message", body) if isinstance(body, dict) else body
     raise ApiError(
-        500, f"kv transfer failed: bootstrap room {room} on {where}: {detail}",
-        type="server_error", code="kv_transfer_failed",
+        500,
+        f"kv transfer failed: bootstrap room {room} on {where}: {detail}",
+        type="server_error",
+        code="kv_transfer_failed",
     )

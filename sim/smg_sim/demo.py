@@ -34,8 +34,11 @@ def worker_hosts(count: int) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="smg-demo", description="Run smg-sim workers behind the SMG router.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="smg-demo",
+        description="Run smg-sim workers behind the SMG router.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--workers", type=int, default=3, help="number of simulated workers")
     p.add_argument("--host", default="127.0.0.1", help="router address")
     p.add_argument("--port", type=int, default=30000, help="router port")
@@ -100,8 +103,21 @@ class _Demo:
     def start_workers(self) -> None:
         a = self.args
         for host in worker_hosts(a.workers):
-            cmd = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(a.worker_port),
-                   "--model", a.model, "--time-scale", str(a.time_scale), "--max-running", str(a.max_running)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "smg_sim",
+                "--host",
+                host,
+                "--port",
+                str(a.worker_port),
+                "--model",
+                a.model,
+                "--time-scale",
+                str(a.time_scale),
+                "--max-running",
+                str(a.max_running),
+            ]
             self.procs.append(subprocess.Popen(cmd))
 
     def wait_healthy(self) -> bool:
@@ -112,8 +128,10 @@ class _Demo:
                 print("smg-demo: a worker exited during start-up", file=sys.stderr)
                 return False
             if time.monotonic() > deadline:
-                print(f"smg-demo: workers not healthy after {self.args.health_timeout}s: {sorted(pending)}",
-                      file=sys.stderr)
+                print(
+                    f"smg-demo: workers not healthy after {self.args.health_timeout}s: {sorted(pending)}",
+                    file=sys.stderr,
+                )
                 return False
             pending = {u for u in pending if not _healthy(u)}
             if pending:
@@ -122,8 +140,21 @@ class _Demo:
 
     def start_router(self) -> None:
         a = self.args
-        cmd = [sys.executable, "-m", "smg_router", "--host", a.host, "--port", str(a.port),
-               "--policy", a.policy, "--shutdown-delay", "0", "--worker-urls", *self.worker_urls]
+        cmd = [
+            sys.executable,
+            "-m",
+            "smg_router",
+            "--host",
+            a.host,
+            "--port",
+            str(a.port),
+            "--policy",
+            a.policy,
+            "--shutdown-delay",
+            "0",
+            "--worker-urls",
+            *self.worker_urls,
+        ]
         self.procs.append(subprocess.Popen(cmd))
 
     def wait_router(self) -> bool:
@@ -163,8 +194,7 @@ class _Demo:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 what = _describe(dead[0])
-                print(f"smg-demo: {what} exited with {dead[0].returncode}; stopping",
-                      file=sys.stderr, flush=True)
+                print(f"smg-demo: {what} exited with {dead[0].returncode}; stopping", file=sys.stderr, flush=True)
                 return 1
         return 0
 

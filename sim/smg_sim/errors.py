@@ -22,9 +22,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ApiError(Exception):
     """Raised anywhere below a handler to answer with an OpenAI-shaped error."""
 
-    def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error", code: str = ""
-    ) -> None:
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", code: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message

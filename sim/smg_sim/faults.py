@@ -26,7 +26,11 @@ class FaultInjector:
     """Draws a fault per generation request from the configured rates (seeded, so reproducible)."""
 
     def __init__(
-        self, *, error_rate: float = 0.0, hang_rate: float = 0.0, crash_after: int | None = None,
+        self,
+        *,
+        error_rate: float = 0.0,
+        hang_rate: float = 0.0,
+        crash_after: int | None = None,
         seed: int | None = None,
     ) -> None:
         self._error_rate = error_rate
@@ -38,8 +42,10 @@ class FaultInjector:
     @classmethod
     def from_config(cls, config: SimConfig) -> FaultInjector:
         return cls(
-            error_rate=config.error_rate, hang_rate=config.hang_rate,
-            crash_after=config.crash_after, seed=config.seed,
+            error_rate=config.error_rate,
+            hang_rate=config.hang_rate,
+            crash_after=config.crash_after,
+            seed=config.seed,
         )
 
     def next_fault(self) -> Fault:

@@ -80,9 +80,7 @@ async def apply_fault(state: SimState) -> None:
         state.crash()
         raise ApiError(500, "simulated crash", type="server_error", code="simulated_crash")
     if fault is Fault.ERROR:
-        raise ApiError(
-            500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error"
-        )
+        raise ApiError(500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error")
     log.info("hanging generation request #%d (--hang-rate)", state.faults.requests_seen)
     await asyncio.Event().wait()  # until the client disconnects and aiohttp cancels the handler
 
@@ -147,7 +145,8 @@ async def prepare(state: SimState, items: Sequence[GenItem], *, rid: str) -> lis
             raise ApiError(400, "the prompt is empty")
         if len(item.tokens) + item.max_new_tokens > capacity:
             raise ApiError(
-                400, f"the input ({len(item.tokens)} tokens) plus max tokens ({item.max_new_tokens}) "
+                400,
+                f"the input ({len(item.tokens)} tokens) plus max tokens ({item.max_new_tokens}) "
                 f"exceeds the KV capacity of {capacity} tokens",
             )
     role = state.config.role
@@ -159,10 +158,15 @@ async def prepare(state: SimState, items: Sequence[GenItem], *, rid: str) -> lis
     if role == "decode":
         infos = await asyncio.gather(*(_transfer(state, item) for item in items))
         return [
-            Prepared(EngineRequest(
-                item.tokens, item.max_new_tokens, item.stop,
-                transferred_cached=info.cached_tokens, rid=f"{rid}-{i}",
-            ))
+            Prepared(
+                EngineRequest(
+                    item.tokens,
+                    item.max_new_tokens,
+                    item.stop,
+                    transferred_cached=info.cached_tokens,
+                    rid=f"{rid}-{i}",
+                )
+            )
             for i, (item, info) in enumerate(zip(items, infos, strict=True))
         ]
     return [
@@ -179,9 +183,11 @@ async def _transfer(state: SimState, item: GenItem) -> RoomInfo:
     )
     if info.prompt_tokens != len(item.tokens):
         raise ApiError(
-            500, f"kv transfer failed: bootstrap room {ref.room} holds {info.prompt_tokens} prompt tokens "
+            500,
+            f"kv transfer failed: bootstrap room {ref.room} holds {info.prompt_tokens} prompt tokens "
             f"but this request has {len(item.tokens)} (prefill and decode got different requests?)",
-            type="server_error", code="kv_transfer_failed",
+            type="server_error",
+            code="kv_transfer_failed",
         )
     return info
 
@@ -235,10 +241,15 @@ def _complete_room(state: SimState, room: BootstrapRef, out: StepOutput) -> bool
     assert state.rooms is not None
     if out.finish is not None and out.finish.type == "abort":
         return False
-    state.rooms.complete(RoomInfo(
-        room=room.room, prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens,
-        ready_time=time.time(), worker=state.worker_id,
-    ))
+    state.rooms.complete(
+        RoomInfo(
+            room=room.room,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            ready_time=time.time(),
+            worker=state.worker_id,
+        )
+    )
     return True
 
 
@@ -261,4 +272,3 @@ def new_timer() -> float:
 
 def elapsed(since: float) -> float:
     return round(time.monotonic() - since, 6)
-

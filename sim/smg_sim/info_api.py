@@ -33,24 +33,24 @@ async def server_info(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     cfg = state.config
     stats = state.engine.stats()
-    return json_response({
-        "model_path": cfg.model,
-        "tokenizer_path": cfg.model,
-        "served_model_name": cfg.model,
-        "host": cfg.host,
-        "port": int(state.worker_id.rsplit(":", 1)[-1]) if state.worker_id else cfg.port,
-        "role": cfg.role,
-        "disaggregation_mode": cfg.disaggregation_mode,
-        "disaggregation_bootstrap_port": state.bootstrap_port,
-        "max_running_requests": cfg.max_running,
-        "max_total_num_tokens": cfg.kv_capacity,
-        "version": __version__,
-        "engine": "smg-sim",
-        "sim_config": cfg.as_dict(),
-        "internal_states": [
-            {"cache_tokens": stats.cached_tokens_in_tree, "requests_total": stats.requests_total}
-        ],
-    })
+    return json_response(
+        {
+            "model_path": cfg.model,
+            "tokenizer_path": cfg.model,
+            "served_model_name": cfg.model,
+            "host": cfg.host,
+            "port": int(state.worker_id.rsplit(":", 1)[-1]) if state.worker_id else cfg.port,
+            "role": cfg.role,
+            "disaggregation_mode": cfg.disaggregation_mode,
+            "disaggregation_bootstrap_port": state.bootstrap_port,
+            "max_running_requests": cfg.max_running,
+            "max_total_num_tokens": cfg.kv_capacity,
+            "version": __version__,
+            "engine": "smg-sim",
+            "sim_config": cfg.as_dict(),
+            "internal_states": [{"cache_tokens": stats.cached_tokens_in_tree, "requests_total": stats.requests_total}],
+        }
+    )
 
 
 async def loads(request: web.Request) -> web.Response:

@@ -14,28 +14,22 @@ from .engine import EngineStats
 
 # (name, type, EngineStats attribute, help)
 _METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("sglang:num_running_reqs", "gauge", "num_running_reqs",
-     "Number of running requests."),
-    ("sglang:num_queue_reqs", "gauge", "num_waiting_reqs",
-     "Number of requests in the waiting queue."),
-    ("sglang:num_used_tokens", "gauge", "num_used_tokens",
-     "KV cache tokens held by running requests."),
-    ("sglang:max_total_num_tokens", "gauge", "max_total_num_tokens",
-     "KV cache capacity in tokens."),
-    ("sglang:token_usage", "gauge", "token_usage",
-     "Fraction of the KV cache held by running requests."),
-    ("sglang:cache_hit_rate", "gauge", "cache_hit_rate",
-     "Fraction of prompt tokens served from the prefix cache."),
-    ("sglang:gen_throughput", "gauge", "gen_throughput",
-     "Generation throughput in tokens per second."),
-    ("sglang:prompt_tokens_total", "counter", "prompt_tokens_total",
-     "Number of prefill tokens processed."),
-    ("sglang:generation_tokens_total", "counter", "generation_tokens_total",
-     "Number of generation tokens processed."),
-    ("sglang:cached_tokens_total", "counter", "cached_tokens_total",
-     "Number of prompt tokens served from the prefix cache."),
-    ("sglang:num_requests_total", "counter", "requests_total",
-     "Number of generation requests received by the engine."),
+    ("sglang:num_running_reqs", "gauge", "num_running_reqs", "Number of running requests."),
+    ("sglang:num_queue_reqs", "gauge", "num_waiting_reqs", "Number of requests in the waiting queue."),
+    ("sglang:num_used_tokens", "gauge", "num_used_tokens", "KV cache tokens held by running requests."),
+    ("sglang:max_total_num_tokens", "gauge", "max_total_num_tokens", "KV cache capacity in tokens."),
+    ("sglang:token_usage", "gauge", "token_usage", "Fraction of the KV cache held by running requests."),
+    ("sglang:cache_hit_rate", "gauge", "cache_hit_rate", "Fraction of prompt tokens served from the prefix cache."),
+    ("sglang:gen_throughput", "gauge", "gen_throughput", "Generation throughput in tokens per second."),
+    ("sglang:prompt_tokens_total", "counter", "prompt_tokens_total", "Number of prefill tokens processed."),
+    ("sglang:generation_tokens_total", "counter", "generation_tokens_total", "Number of generation tokens processed."),
+    (
+        "sglang:cached_tokens_total",
+        "counter",
+        "cached_tokens_total",
+        "Number of prompt tokens served from the prefix cache.",
+    ),
+    ("sglang:num_requests_total", "counter", "requests_total", "Number of generation requests received by the engine."),
 )
 
 
@@ -44,17 +38,19 @@ def loads_report(stats: EngineStats) -> dict[str, Any]:
     return {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(),
         "dp_rank_count": 1,
-        "loads": [{
-            "dp_rank": 0,
-            "num_running_reqs": stats.num_running_reqs,
-            "num_waiting_reqs": stats.num_waiting_reqs,
-            "num_used_tokens": stats.num_used_tokens,
-            "max_total_num_tokens": stats.max_total_num_tokens,
-            "token_usage": round(stats.token_usage, 6),
-            "gen_throughput": round(stats.gen_throughput, 3),
-            "cache_hit_rate": round(stats.cache_hit_rate, 6),
-            "utilization": round(stats.utilization, 6),
-        }],
+        "loads": [
+            {
+                "dp_rank": 0,
+                "num_running_reqs": stats.num_running_reqs,
+                "num_waiting_reqs": stats.num_waiting_reqs,
+                "num_used_tokens": stats.num_used_tokens,
+                "max_total_num_tokens": stats.max_total_num_tokens,
+                "token_usage": round(stats.token_usage, 6),
+                "gen_throughput": round(stats.gen_throughput, 3),
+                "cache_hit_rate": round(stats.cache_hit_rate, 6),
+                "utilization": round(stats.utilization, 6),
+            }
+        ],
     }
 
 

@@ -102,8 +102,9 @@ async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
     cfg = state.config
     model = body.get("model", cfg.model)
     if model != cfg.model:
-        raise ApiError(404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)",
-                       code="model_not_found")
+        raise ApiError(
+            404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)", code="model_not_found"
+        )
     if body.get("n") not in (None, 1):
         raise ApiError(400, "only n=1 is supported")
     if chat:
@@ -121,7 +122,10 @@ async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
     options = body.get("stream_options") or {}
     call_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     call = _Call(
-        id=call_id, created=int(time.time()), model=cfg.model, stream=bool(body.get("stream")),
+        id=call_id,
+        created=int(time.time()),
+        model=cfg.model,
+        stream=bool(body.get("stream")),
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
         prepared=await gen.prepare(state, items, rid=call_id),
     )
@@ -131,12 +135,12 @@ async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models."""
     state = request.app[STATE_KEY]
-    return json_response({
-        "object": "list",
-        "data": [
-            {"id": state.config.model, "object": "model", "created": state.created, "owned_by": "smg-sim"}
-        ],
-    })
+    return json_response(
+        {
+            "object": "list",
+            "data": [{"id": state.config.model, "object": "model", "created": state.created, "owned_by": "smg-sim"}],
+        }
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -145,14 +149,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if call.stream:
         return await respond_sse(request, _stream(state, call, chat=False))
     results = await gen.collect(state, call.prepared)
-    return json_response({
-        "id": call.id, "object": "text_completion", "created": call.created, "model": call.model,
-        "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(out.finish)}
-            for i, (text, out) in enumerate(results)
-        ],
-        "usage": usage([out for _, out in results]),
-    })
+    return json_response(
+        {
+            "id": call.id,
+            "object": "text_completion",
+            "created": call.created,
+            "model": call.model,
+            "choices": [
+                {"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(out.finish)}
+                for i, (text, out) in enumerate(results)
+            ],
+            "usage": usage([out for _, out in results]),
+        }
+    )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -160,32 +169,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state, call = await _parse(request, chat=True)
     if call.stream:
         return await respond_sse(request, _stream(state, call, chat=True))
-    (text, out), = await gen.collect(state, call.prepared)
-    return json_response({
-        "id": call.id, "object": "chat.completion", "created": call.created, "model": call.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason(out.finish),
-        }],
-        "usage": usage([out]),
-    })
+    ((text, out),) = await gen.collect(state, call.prepared)
+    return json_response(
+        {
+            "id": call.id,
+            "object": "chat.completion",
+            "created": call.created,
+            "model": call.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish_reason(out.finish),
+                }
+            ],
+            "usage": usage([out]),
+        }
+    )
 
 
 async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncGenerator[dict[str, Any], None]:
     """OpenAI chunks: one per decode step with new text, a finish chunk per choice, then usage."""
     head = {
-        "id": call.id, "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": call.created, "model": call.model,
+        "id": call.id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": call.created,
+        "model": call.model,
     }
 
     def chunk(index: int, text: str | None, reason: str | None) -> dict[str, Any]:
         if chat:
             delta = {} if text is None else {"content": text}
-            choice: dict[str, Any] = {
-                "index": index, "delta": delta, "logprobs": None, "finish_reason": reason
-            }
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
         out: dict[str, Any] = {**head, "choices": [choice]}

@@ -83,11 +83,11 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     return app
 
 
-async def _serve(
-    app: web.Application, host: str, port: int, *, access_log: bool
-) -> tuple[web.AppRunner, int]:
+async def _serve(app: web.Application, host: str, port: int, *, access_log: bool) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         access_log=access_logger if access_log else None,  # aiohttp's own default logger, or none
     )
     await runner.setup()
@@ -103,8 +103,14 @@ class SimServer:
     """A running worker; `await stop()` (or `async with`) shuts it down."""
 
     def __init__(
-        self, *, config: SimConfig, app: web.Application, runner: web.AppRunner, port: int,
-        bootstrap_runner: web.AppRunner | None = None, bootstrap_port: int | None = None,
+        self,
+        *,
+        config: SimConfig,
+        app: web.Application,
+        runner: web.AppRunner,
+        port: int,
+        bootstrap_runner: web.AppRunner | None = None,
+        bootstrap_port: int | None = None,
     ) -> None:
         self.config = config
         self.app = app
@@ -159,14 +165,16 @@ async def start_sim(
         boot_app = create_bootstrap_app(state.rooms, wait_ceiling=config.bootstrap_timeout)
         boot_app.on_response_prepare.append(_worker_header(state))
         try:
-            bootstrap_runner, bootstrap_port = await _serve(
-                boot_app, config.host, wanted, access_log=access_log
-            )
+            bootstrap_runner, bootstrap_port = await _serve(boot_app, config.host, wanted, access_log=access_log)
         except BaseException:
             await runner.cleanup()
             raise
         state.bootstrap_port = bootstrap_port
     return SimServer(
-        config=config, app=app, runner=runner, port=port,
-        bootstrap_runner=bootstrap_runner, bootstrap_port=bootstrap_port,
+        config=config,
+        app=app,
+        runner=runner,
+        port=port,
+        bootstrap_runner=bootstrap_runner,
+        bootstrap_port=bootstrap_port,
     )

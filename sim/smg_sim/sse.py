@@ -26,9 +26,7 @@ def encode_event(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def respond_sse(
-    request: web.Request, payloads: AsyncGenerator[dict[str, Any], None]
-) -> web.StreamResponse:
+async def respond_sse(request: web.Request, payloads: AsyncGenerator[dict[str, Any], None]) -> web.StreamResponse:
     """Stream `payloads` as SSE `data:` events, then `data: [DONE]`.
 
     An ApiError raised after the headers were sent becomes an `{"error": ...}` event, since the status

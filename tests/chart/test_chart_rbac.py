@@ -66,9 +66,17 @@ def bound_grants(r: Rendered) -> dict[tuple[str, str], set[Grant]]:
         key = (ref["kind"], "" if ref["kind"] == "ClusterRole" else ns, ref["name"])
         assert key in roles, f"{binding['kind']}/{binding['metadata']['name']} refers to a missing {key}"
         out[("cluster" if cluster else "namespace", ns)] |= rule_grants(roles[key])
-    bound = {k for b in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding")
-             for k in [(b["roleRef"]["kind"], "" if b["roleRef"]["kind"] == "ClusterRole"
-                        else b["metadata"]["namespace"], b["roleRef"]["name"])]}
+    bound = {
+        k
+        for b in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding")
+        for k in [
+            (
+                b["roleRef"]["kind"],
+                "" if b["roleRef"]["kind"] == "ClusterRole" else b["metadata"]["namespace"],
+                b["roleRef"]["name"],
+            )
+        ]
+    }
     assert set(roles) == bound, f"roles without a binding: {set(roles) - bound}"
     return dict(out)
 

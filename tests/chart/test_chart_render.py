@@ -24,8 +24,12 @@ CONFIGS = {
     **{path.stem: example_values(path.stem) for path in EXAMPLES},
     "sim-pd": {"router": {"pd": {"enabled": True}}, "sim": {"enabled": True, "pd": {"enabled": True}}},
     "cluster-wide-ha": {"operator": {"clusterWide": True, "replicas": 2}, "auth": {"existingSecret": "mine"}},
-    "everything": {**example_values("monitoring"), "sim": {"enabled": True}, "operator": {"replicas": 2},
-                   "router": {"workerUrls": ["http://10.0.0.5:8000"], "modelId": "m"}},
+    "everything": {
+        **example_values("monitoring"),
+        "sim": {"enabled": True},
+        "operator": {"replicas": 2},
+        "router": {"workerUrls": ["http://10.0.0.5:8000"], "modelId": "m"},
+    },
 }
 
 
@@ -44,6 +48,7 @@ def args_of(deployment: dict) -> list[str]:
 
 
 # -- which objects -------------------------------------------------------------------------------------------
+
 
 def test_defaults_render_the_core_objects(rendered: dict[str, Rendered]) -> None:
     r = rendered["defaults"]
@@ -76,10 +81,16 @@ def test_monitoring_renders_servicemonitors_rules_and_dashboard(rendered: dict[s
     assert operator_sm["spec"]["endpoints"][0]["port"] == "metrics"
     rule = r.get("PrometheusRule", "smg")
     alerts = {rule["alert"] for group in rule["spec"]["groups"] for rule in group["rules"]}
-    assert alerts == {"SMGNoHealthyWorkers", "SMGHighFallbackRatio", "SMGRouterReplicasDisagree",
-                      "SMGOperatorReconcileErrors", "SMGOperatorRouterCallsFailing"}
-    no_healthy = next(rule for g in rule["spec"]["groups"] for rule in g["rules"]
-                      if rule["alert"] == "SMGNoHealthyWorkers")
+    assert alerts == {
+        "SMGNoHealthyWorkers",
+        "SMGHighFallbackRatio",
+        "SMGRouterReplicasDisagree",
+        "SMGOperatorReconcileErrors",
+        "SMGOperatorRouterCallsFailing",
+    }
+    no_healthy = next(
+        rule for g in rule["spec"]["groups"] for rule in g["rules"] if rule["alert"] == "SMGNoHealthyWorkers"
+    )
     assert no_healthy["expr"].startswith("sum(smg_worker_healthy{") and no_healthy["expr"].endswith("== 0")
     dashboard = r.get("ConfigMap", "smg-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -130,6 +141,7 @@ def test_smgworkers_from_values_default_to_this_router(rendered: dict[str, Rende
 
 # -- wiring ----------------------------------------------------------------------------------------------------
 
+
 def test_router_deployment_wiring(rendered: dict[str, Rendered]) -> None:
     r = rendered["regular"]
     router = r.get("Deployment", "smg-router")
@@ -141,10 +153,19 @@ def test_router_deployment_wiring(rendered: dict[str, Rendered]) -> None:
     assert container["ports"][0]["containerPort"] == 30000
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "512Mi"}
     env = env_of(router)
-    expected = {"SMG_HOST": "0.0.0.0", "SMG_PORT": "30000", "SMG_POLICY": "cache_aware",
-                "SMG_CACHE_THRESHOLD": "0.3", "SMG_BALANCE_ABS_THRESHOLD": "32", "SMG_BALANCE_REL_THRESHOLD": "1.5",
-                "SMG_MAX_TREE_SIZE": "67108864", "SMG_LOAD_MONITOR_INTERVAL": "1", "SMG_MAX_PAYLOAD_SIZE": "8388608",
-                "SMG_MAX_CONCURRENT_REQUESTS": "1024", "SMG_MAX_INFLIGHT_BYTES": "134217728"}
+    expected = {
+        "SMG_HOST": "0.0.0.0",
+        "SMG_PORT": "30000",
+        "SMG_POLICY": "cache_aware",
+        "SMG_CACHE_THRESHOLD": "0.3",
+        "SMG_BALANCE_ABS_THRESHOLD": "32",
+        "SMG_BALANCE_REL_THRESHOLD": "1.5",
+        "SMG_MAX_TREE_SIZE": "67108864",
+        "SMG_LOAD_MONITOR_INTERVAL": "1",
+        "SMG_MAX_PAYLOAD_SIZE": "8388608",
+        "SMG_MAX_CONCURRENT_REQUESTS": "1024",
+        "SMG_MAX_INFLIGHT_BYTES": "134217728",
+    }
     assert {k: env[k]["value"] for k in expected} == expected
     assert "SMG_PD_DISAGGREGATION" not in env
     service = r.get("Service", "smg-router")
@@ -159,10 +180,20 @@ def test_router_pd_values_become_env(rendered: dict[str, Rendered]) -> None:
     assert env["SMG_PD_DISAGGREGATION"]["value"] == "true"
     assert env["SMG_PREFILL_POLICY"]["value"] == "cache_aware"
     assert env["SMG_DECODE_POLICY"]["value"] == "power_of_two"
-    static = render({"router": {"pd": {"enabled": True, "prefill": [{"url": "http://10.0.0.1:8000",
-                                                                       "bootstrapPort": 8998},
-                                                                      {"url": "http://10.0.0.2:8000"}],
-                                       "decode": ["http://10.0.0.3:8000", "http://10.0.0.4:8000"]}}})
+    static = render(
+        {
+            "router": {
+                "pd": {
+                    "enabled": True,
+                    "prefill": [
+                        {"url": "http://10.0.0.1:8000", "bootstrapPort": 8998},
+                        {"url": "http://10.0.0.2:8000"},
+                    ],
+                    "decode": ["http://10.0.0.3:8000", "http://10.0.0.4:8000"],
+                }
+            }
+        }
+    )
     env = env_of(static.get("Deployment", "smg-router"))
     assert env["SMG_PREFILL"]["value"] == "http://10.0.0.1:8000 8998, http://10.0.0.2:8000"
     assert env["SMG_DECODE"]["value"] == "http://10.0.0.3:8000,http://10.0.0.4:8000"
@@ -212,12 +243,15 @@ def test_operator_is_told_the_router_service(rendered: dict[str, Rendered]) -> N
     assert ha[ha.index("--leader-election-namespace") + 1] == "smg" and "--leader-election" in ha
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"sim": {"enabled": True, "pd": {"enabled": True}}}, "sim.pd.enabled needs router.pd.enabled"),
-    ({"router": {"pd": {"enabled": True}}, "sim": {"enabled": True}}, "needs sim.pd.enabled"),
-    ({"router": {"pd": {"enabled": True}, "workerUrls": ["http://a:1"]}}, "cannot be combined"),
-    ({"router": {"pd": {"decode": ["http://a:1"]}}}, "need router.pd.enabled"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"sim": {"enabled": True, "pd": {"enabled": True}}}, "sim.pd.enabled needs router.pd.enabled"),
+        ({"router": {"pd": {"enabled": True}}, "sim": {"enabled": True}}, "needs sim.pd.enabled"),
+        ({"router": {"pd": {"enabled": True}, "workerUrls": ["http://a:1"]}}, "cannot be combined"),
+        ({"router": {"pd": {"decode": ["http://a:1"]}}}, "need router.pd.enabled"),
+    ],
+)
 def test_inconsistent_values_fail_to_render(values: dict, message: str) -> None:
     with pytest.raises(Exception, match=message):
         render(values)
@@ -241,6 +275,7 @@ def test_notes_explain_access_workers_and_dashboard(rendered: dict[str, Rendered
 
 
 # -- validity of every rendered object ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kube", KUBE_VERSIONS)
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -269,8 +304,10 @@ def test_strict_validation_catches_unknown_fields(rendered: dict[str, Rendered])
 
 # Relaxed, with any consistent sequence indentation: Helm's toYaml writes "key:\n- item" while the templates
 # indent their own lists.
-YAMLLINT = YamlLintConfig("extends: relaxed\nrules:\n  line-length: {max: 160}\n"
-                          "  indentation: {spaces: consistent, indent-sequences: whatever}\n")
+YAMLLINT = YamlLintConfig(
+    "extends: relaxed\nrules:\n  line-length: {max: 160}\n"
+    "  indentation: {spaces: consistent, indent-sequences: whatever}\n"
+)
 # The dashboard ConfigMap carries JSON whose PromQL strings cannot be wrapped: no line-length rule there.
 YAMLLINT_DASHBOARD = YamlLintConfig("extends: relaxed\nrules:\n  line-length: disable\n")
 

@@ -24,19 +24,23 @@ BAD = {
     "bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     "unknown top-level key": ({"routers": {"replicas": 2}}, "routers"),
     "unknown nested key": ({"router": {"replica": 2}}, "replica"),
-    "boolean as string": ({"monitoring": {"serviceMonitor": {"enabled": "yes"}}},
-                          "/monitoring/serviceMonitor/enabled"),
-    "bad scrape interval": ({"monitoring": {"serviceMonitor": {"interval": "often"}}},
-                            "/monitoring/serviceMonitor/interval"),
+    "boolean as string": ({"monitoring": {"serviceMonitor": {"enabled": "yes"}}}, "/monitoring/serviceMonitor/enabled"),
+    "bad scrape interval": (
+        {"monitoring": {"serviceMonitor": {"interval": "often"}}},
+        "/monitoring/serviceMonitor/interval",
+    ),
     "bad worker url": ({"router": {"workerUrls": ["10.0.0.5:8000"]}}, "/router/workerUrls/0"),
     "smgWorker without spec": ({"smgWorkers": [{"name": "x"}]}, "/smgWorkers/0"),
-    "smgWorker bad role": ({"smgWorkers": [{"name": "x", "spec": {"role": "both", "model": "m"}}]},
-                           "/smgWorkers/0/spec/role"),
+    "smgWorker bad role": (
+        {"smgWorkers": [{"name": "x", "spec": {"role": "both", "model": "m"}}]},
+        "/smgWorkers/0/spec/role",
+    ),
     "resources as a string": ({"router": {"resources": "big"}}, "/router/resources"),
-    "bad memory quantity": ({"router": {"resources": {"limits": {"memory": "lots"}}}},
-                            "/router/resources/limits/memory"),
-    "watch namespace not a DNS label": ({"operator": {"watchNamespaces": ["Team_A"]}},
-                                        "/operator/watchNamespaces/0"),
+    "bad memory quantity": (
+        {"router": {"resources": {"limits": {"memory": "lots"}}}},
+        "/router/resources/limits/memory",
+    ),
+    "watch namespace not a DNS label": ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0"),
 }
 
 

@@ -41,8 +41,12 @@ def stages() -> list[list[dockerfile.Command]]:
 
 def copied_sources() -> set[str]:
     """Sources of the COPY instructions that read the build context (not --from another stage)."""
-    return {src for ins in instructions() if ins.cmd == "COPY" and not any(f.startswith("--from") for f in ins.flags)
-            for src in ins.value[:-1]}
+    return {
+        src
+        for ins in instructions()
+        if ins.cmd == "COPY" and not any(f.startswith("--from") for f in ins.flags)
+        for src in ins.value[:-1]
+    }
 
 
 def test_multi_stage_from_python_slim() -> None:
@@ -99,8 +103,12 @@ def test_builder_step_makes_a_wheel_with_the_three_commands(tmp_path: Path) -> N
         else:
             shutil.copy2(source, context / src)
     dist = tmp_path / "dist"
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist),
-                           str(context)], capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dist), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = dist.glob("*.whl")
     with zipfile.ZipFile(wheel) as zf:

@@ -27,8 +27,11 @@ def closed(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: closed(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out \
-            and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -66,8 +69,14 @@ RENDERED = rendered_smgworkers()
 
 def test_there_is_something_to_check() -> None:
     assert len(REPO_EXAMPLES) >= 3
-    assert {"sim:smg-sim-regular", "sim-pd:smg-sim-prefill", "sim-pd:smg-sim-decode",
-            "regular:llama-8b", "pd:deepseek-prefill", "pd:deepseek-decode"} <= set(RENDERED)
+    assert {
+        "sim:smg-sim-regular",
+        "sim-pd:smg-sim-prefill",
+        "sim-pd:smg-sim-decode",
+        "regular:llama-8b",
+        "pd:deepseek-prefill",
+        "pd:deepseek-decode",
+    } <= set(RENDERED)
 
 
 @pytest.mark.parametrize("path", REPO_EXAMPLES, ids=lambda p: p.name)
@@ -82,16 +91,19 @@ def test_rendered_smgworkers_validate(key: str) -> None:
     assert not errors_of(RENDERED[key]), errors_of(RENDERED[key])
 
 
-@pytest.mark.parametrize("change, where", [
-    (lambda s: s.update(replicas=3), "replicas"),
-    (lambda s: s["selector"].update(matchLabel={"a": "b"}), "matchLabel"),
-    (lambda s: s["router"].update(svc="x"), "svc"),
-    (lambda s: s.update(role="both"), "role"),
-    (lambda s: s.update(port=70000), "port"),
-    (lambda s: s.pop("model"), "model"),
-    (lambda s: s.pop("selector"), "not valid under any of the given schemas"),
-    (lambda s: s.update(drainTimeoutSeconds=-1), "drainTimeoutSeconds"),
-])
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        (lambda s: s.update(replicas=3), "replicas"),
+        (lambda s: s["selector"].update(matchLabel={"a": "b"}), "matchLabel"),
+        (lambda s: s["router"].update(svc="x"), "svc"),
+        (lambda s: s.update(role="both"), "role"),
+        (lambda s: s.update(port=70000), "port"),
+        (lambda s: s.pop("model"), "model"),
+        (lambda s: s.pop("selector"), "not valid under any of the given schemas"),
+        (lambda s: s.update(drainTimeoutSeconds=-1), "drainTimeoutSeconds"),
+    ],
+)
 def test_bad_smgworkers_are_rejected(change, where: str) -> None:
     obj = copy.deepcopy(RENDERED["sim:smg-sim-regular"])
     change(obj["spec"])

@@ -48,8 +48,12 @@ class Completion:
 
 def complete(base_url: str, prompt: str, *, max_tokens: int = 2, **extra: Any) -> Completion:
     body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
-    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base_url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     started = time.monotonic()
     with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
         assert resp.status == 200
@@ -85,8 +89,7 @@ def test_engines_are_real_llamacpp_with_a_char_tokenizer(engines: list[LlamaServ
     assert http_json("GET", engines[0].url + "/v1/loads")[0] != 200  # so the router must read /metrics
 
 
-def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Router,
-                                                                    engines: list[LlamaServer]) -> None:
+def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Router, engines: list[LlamaServer]) -> None:
     rng = random.Random("shared-prefix")
     prefix = random_text(PREFIX_CHARS, rng)
     hits_before = metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL_ID)
@@ -104,8 +107,10 @@ def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Rout
         assert a.body["timings"]["cache_n"] >= PREFIX_CHARS
         assert a.computed < 30, a.body["timings"]
     warm_text = ", ".join(f"{a.seconds:.3f} s ({a.body['timings']['prompt_ms']:.1f} ms)" for a in warm)
-    print(f"\ncold prompt: {cold.seconds:.3f} s ({cold.body['timings']['prompt_ms']:.1f} ms in the engine); "
-          f"warm: {warm_text}")
+    print(
+        f"\ncold prompt: {cold.seconds:.3f} s ({cold.body['timings']['prompt_ms']:.1f} ms in the engine); "
+        f"warm: {warm_text}"
+    )
 
     assert metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL_ID) - hits_before >= 3
     assert metric_value(engine_metrics(holder), "llamacpp:prompt_tokens_cached_total") >= 3 * PREFIX_CHARS
@@ -115,7 +120,8 @@ def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Rout
 
 
 def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cache(
-        router: Router, engines: list[LlamaServer]) -> None:
+    router: Router, engines: list[LlamaServer]
+) -> None:
     rng = random.Random("distinct-prefixes")
     prefixes = [random_text(PREFIX_CHARS, rng) for _ in range(4)]
     text = router.metrics()
@@ -141,15 +147,25 @@ def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cach
         assert metric_value(engine_metrics(e), "llamacpp:prompt_tokens_cached_total") >= 2 * PREFIX_CHARS
 
 
-def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(router: Router,
-                                                                      engines: list[LlamaServer]) -> None:
+def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
+    router: Router, engines: list[LlamaServer]
+) -> None:
     busy, idle = engines
     # A long streamed generation sent straight to one engine (so the router's own in-flight count stays 0),
     # kept running until the router has seen it, then cancelled by closing the stream.
-    body = {"model": MODEL_ID, "prompt": random_text(500, random.Random("long-request")), "max_tokens": 3000,
-            "ignore_eos": True, "stream": True}
-    req = urllib.request.Request(busy.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "model": MODEL_ID,
+        "prompt": random_text(500, random.Random("long-request")),
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    req = urllib.request.Request(
+        busy.url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
 
     def busy_seen() -> dict[str, Any] | None:
         """The busy worker's entry once the router has polled both: busy at >= 1, idle at 0."""
@@ -167,6 +183,9 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(router: R
         assert next_event(stream).startswith(b"data: ")  # still generating: the router saw a live request
 
     # llama.cpp cancels a stream whose client went away; the router sees the engine idle again
-    wait_until(lambda: worker_of(router, busy)["load"]["backend"] == 0, timeout=30,
-               what="the busy engine's load back to 0 after the stream closed")
+    wait_until(
+        lambda: worker_of(router, busy)["load"]["backend"] == 0,
+        timeout=30,
+        what="the busy engine's load back to 0 after the stream closed",
+    )
     assert metric_value(engine_metrics(busy), "llamacpp:tokens_predicted_total") < 3000

@@ -11,13 +11,30 @@ from support.procs import Proc, free_port, http_json, wait_until
 
 def test_smg_demo_serves_chat_completions_through_the_router(tmp_path: Path) -> None:
     port, worker_port = free_port(), free_port("127.0.0.2")
-    demo = Proc(name="demo", log_path=tmp_path / "demo.log",
-                args=[sys.executable, "-m", "smg_sim.demo", "--workers", "2", "--port", str(port),
-                      "--worker-port", str(worker_port), "--time-scale", "0.05"]).start()
+    demo = Proc(
+        name="demo",
+        log_path=tmp_path / "demo.log",
+        args=[
+            sys.executable,
+            "-m",
+            "smg_sim.demo",
+            "--workers",
+            "2",
+            "--port",
+            str(port),
+            "--worker-port",
+            str(worker_port),
+            "--time-scale",
+            "0.05",
+        ],
+    ).start()
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_json("GET", url + "/readiness", timeout=1)[0] == 200 or not demo.alive(),
-                   timeout=30, what="the demo router to be ready")
+        wait_until(
+            lambda: http_json("GET", url + "/readiness", timeout=1)[0] == 200 or not demo.alive(),
+            timeout=30,
+            what="the demo router to be ready",
+        )
         assert demo.alive(), demo.log()
         body = {"model": "smg-sim-model", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}
         for _ in range(3):

@@ -55,8 +55,12 @@ def chart_env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     e.add_router_pod("router-0")
     args = rendered.get("Deployment", "smg-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--namespace") + 1] == NS
-    e.operator = OperatorProcess(e.logs, kubeconfig, admin_key=KEY, args=[
-        "--namespace", NS, "--reconcile-interval", "2", "--router-service", "smg-router"]).start()
+    e.operator = OperatorProcess(
+        e.logs,
+        kubeconfig,
+        admin_key=KEY,
+        args=["--namespace", NS, "--reconcile-interval", "2", "--router-service", "smg-router"],
+    ).start()
     yield e
     e.operator.stop()
     for proc in [*e.routers.values(), *e.sims.values()]:

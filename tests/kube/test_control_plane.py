@@ -35,8 +35,12 @@ def crd(control_plane: ControlPlane) -> dict:
     control_plane.apply_yaml(CRD_FILE)
     crd = control_plane.wait_crd_established(CRD_NAME)
     # kubectl's client-side validation and `kubectl get` need the CRD's schema in the published OpenAPI.
-    wait_for(lambda: "dev.smg.v1alpha1.SMGWorker" in control_plane.request("GET", "/openapi/v2", raw=True)[1],
-             timeout=60, interval=0.5, what="SMGWorker in /openapi/v2")
+    wait_for(
+        lambda: "dev.smg.v1alpha1.SMGWorker" in control_plane.request("GET", "/openapi/v2", raw=True)[1],
+        timeout=60,
+        interval=0.5,
+        what="SMGWorker in /openapi/v2",
+    )
     return crd
 
 
@@ -90,15 +94,20 @@ def test_all_examples_apply_together(control_plane: ControlPlane, crd: dict, nam
     assert len(names) == len(EXAMPLES), names
 
 
-@pytest.mark.parametrize(("override", "field", "detail"), [
-    ({"role": "boss"}, "spec.role", 'Unsupported value: "boss"'),
-    ({"port": 70000}, "spec.port", "less than or equal to 65535"),
-    ({"model": ""}, "spec.model", "at least 1 chars long"),
-    ({"endpoints": ["ftp://x"], "selector": None}, "spec.endpoints", "should match"),
-    ({"drainTimeoutSeconds": -1}, "spec.drainTimeoutSeconds", "greater than or equal to 0"),
-], ids=["role-boss", "port-70000", "model-empty", "endpoint-scheme", "drain-negative"])
-def test_invalid_smgworker_is_rejected_by_the_server(control_plane: ControlPlane, crd: dict, namespace: str,
-                                                      override: dict, field: str, detail: str) -> None:
+@pytest.mark.parametrize(
+    ("override", "field", "detail"),
+    [
+        ({"role": "boss"}, "spec.role", 'Unsupported value: "boss"'),
+        ({"port": 70000}, "spec.port", "less than or equal to 65535"),
+        ({"model": ""}, "spec.model", "at least 1 chars long"),
+        ({"endpoints": ["ftp://x"], "selector": None}, "spec.endpoints", "should match"),
+        ({"drainTimeoutSeconds": -1}, "spec.drainTimeoutSeconds", "greater than or equal to 0"),
+    ],
+    ids=["role-boss", "port-70000", "model-empty", "endpoint-scheme", "drain-negative"],
+)
+def test_invalid_smgworker_is_rejected_by_the_server(
+    control_plane: ControlPlane, crd: dict, namespace: str, override: dict, field: str, detail: str
+) -> None:
     doc = smgworker("bad", **override)
     doc["spec"] = {k: v for k, v in doc["spec"].items() if v is not None}
     # Straight to the API server: no client-side validation involved.
@@ -107,8 +116,9 @@ def test_invalid_smgworker_is_rejected_by_the_server(control_plane: ControlPlane
     assert field in body["message"] and detail in body["message"], body["message"]
     assert any(c.get("field") == field for c in body["details"]["causes"]), body["details"]
     # And through kubectl with client-side validation off, the server's message reaches the user.
-    proc = control_plane.kubectl("apply", "-n", namespace, "--validate=false", "-f", "-",
-                                 input=json.dumps(doc), check=False)
+    proc = control_plane.kubectl(
+        "apply", "-n", namespace, "--validate=false", "-f", "-", input=json.dumps(doc), check=False
+    )
     assert proc.returncode != 0
     assert 'SMGWorker "bad" is invalid' in proc.stderr, proc.stderr
     assert field in proc.stderr and detail in proc.stderr, proc.stderr
@@ -144,8 +154,12 @@ def test_kubectl_get_smgw_columns(control_plane: ControlPlane, crd: dict, namesp
     control_plane.apply_yaml(json.dumps(smgworker("cols")), namespace)
     # The status subresource: the main resource ignores status, /status takes it.
     path = SMGW_PATH.format(ns=namespace) + "/cols/status"
-    control_plane.api("PATCH", path, {"status": {"ready": "2/3", "registeredEndpoints": 2}},
-                      content_type="application/merge-patch+json")
+    control_plane.api(
+        "PATCH",
+        path,
+        {"status": {"ready": "2/3", "registeredEndpoints": 2}},
+        content_type="application/merge-patch+json",
+    )
     lines = control_plane.kubectl("get", "smgw", "-n", namespace).stdout.splitlines()
     assert lines[0].split() == ["NAME", "ROLE", "MODEL", "READY", "REGISTERED", "AGE"], lines
     assert lines[1].split()[:5] == ["cols", "regular", "sim-model", "2/3", "2"], lines
@@ -157,8 +171,12 @@ def test_status_is_a_subresource(control_plane: ControlPlane, crd: dict, namespa
     created = control_plane.api("POST", SMGW_PATH.format(ns=namespace), doc)
     assert "status" not in created or created["status"].get("ready") != "9/9"
     generation = created["metadata"]["generation"]
-    updated = control_plane.api("PATCH", SMGW_PATH.format(ns=namespace) + "/sub/status", {"status": {"ready": "1/1"}},
-                                content_type="application/merge-patch+json")
+    updated = control_plane.api(
+        "PATCH",
+        SMGW_PATH.format(ns=namespace) + "/sub/status",
+        {"status": {"ready": "1/1"}},
+        content_type="application/merge-patch+json",
+    )
     assert updated["status"]["ready"] == "1/1"
     assert updated["metadata"]["generation"] == generation  # a status write does not bump the generation
 
@@ -169,8 +187,13 @@ def _ready(pod: dict) -> str | None:
 
 
 def test_make_ready_pod(control_plane: ControlPlane, namespace: str) -> None:
-    control_plane.make_ready_pod(namespace, "w1", {"app": "pool-a", "role": "worker"}, "127.0.0.2",
-                                 annotations={"sglang.ai/bootstrap-port": "8998"})
+    control_plane.make_ready_pod(
+        namespace,
+        "w1",
+        {"app": "pool-a", "role": "worker"},
+        "127.0.0.2",
+        annotations={"sglang.ai/bootstrap-port": "8998"},
+    )
     pod = control_plane.kubectl_json("get", "pod", "w1", "-n", namespace)
     assert pod["status"]["phase"] == "Running"
     assert pod["status"]["podIP"] == "127.0.0.2"
@@ -194,8 +217,12 @@ def test_make_ready_pod(control_plane: ControlPlane, namespace: str) -> None:
 
 def test_pod_status_only_through_the_subresource(control_plane: ControlPlane, namespace: str) -> None:
     control_plane.make_ready_pod(namespace, "w", {"app": "x"}, "127.0.0.4")
-    patched = control_plane.api("PATCH", f"/api/v1/namespaces/{namespace}/pods/w", {"status": {"podIP": "127.0.0.9"}},
-                                content_type="application/merge-patch+json")
+    patched = control_plane.api(
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/pods/w",
+        {"status": {"podIP": "127.0.0.9"}},
+        content_type="application/merge-patch+json",
+    )
     assert patched["status"]["podIP"] == "127.0.0.4"
 
 
@@ -249,7 +276,8 @@ def test_service_account_token_authenticates(control_plane: ControlPlane, crd: d
     status, _ = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods", token=token)
     assert status == 403
 
-    control_plane.apply_yaml(f"""
+    control_plane.apply_yaml(
+        f"""
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: pod-reader}}
@@ -267,16 +295,23 @@ metadata: {{name: smg-operator-pod-reader}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: pod-reader}}
 subjects:
 - {{kind: ServiceAccount, name: smg-operator, namespace: {namespace}}}
-""", namespace)
+""",
+        namespace,
+    )
     control_plane.make_ready_pod(namespace, "visible", {"app": "x"}, "127.0.0.8")
-    listed = wait_for(lambda: control_plane.kubectl("get", "pods", "-n", namespace, "-o", "name",
-                                                    kubeconfig=kubeconfig, check=False).stdout.split(),
-                      timeout=15, what="RBAC grant to take effect")
+    listed = wait_for(
+        lambda: control_plane.kubectl(
+            "get", "pods", "-n", namespace, "-o", "name", kubeconfig=kubeconfig, check=False
+        ).stdout.split(),
+        timeout=15,
+        what="RBAC grant to take effect",
+    )
     assert listed == ["pod/visible"]
 
     def can_i(*args: str) -> str:
-        return control_plane.kubectl("auth", "can-i", *args, "-n", namespace, kubeconfig=kubeconfig,
-                                     check=False).stdout.strip()
+        return control_plane.kubectl(
+            "auth", "can-i", *args, "-n", namespace, kubeconfig=kubeconfig, check=False
+        ).stdout.strip()
 
     assert can_i("list", "pods") == "yes"
     assert can_i("patch", "smgworkers.smg.dev", "--subresource=status") == "yes"

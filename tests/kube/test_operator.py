@@ -24,9 +24,12 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     e.add_service("smg-router", "smg-router")
     e.add_router_pod("router-0")
     e.add_router_pod("router-1")
-    op = OperatorProcess(logs, cp.kubeconfig, admin_key=KEY,
-                         args=["--namespace", e.ns, "--reconcile-interval", str(INTERVAL), "--router-port",
-                               str(e.router_port)]).start()
+    op = OperatorProcess(
+        logs,
+        cp.kubeconfig,
+        admin_key=KEY,
+        args=["--namespace", e.ns, "--reconcile-interval", str(INTERVAL), "--router-port", str(e.router_port)],
+    ).start()
     e.operator = op
     yield e
     op.stop()
@@ -50,7 +53,9 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     try:
         registering_pass = e.operator.passes_until(
             lambda: all({a.url, b.url} <= e.urls(p) for p in ("router-0", "router-1")),
-            what="both workers on both replicas", start=passes_before)
+            what="both workers on both replicas",
+            start=passes_before,
+        )
     except AssertionError as err:
         raise AssertionError(f"{err}; status: {(e.smgw('llama') or {}).get('status')}") from None
     took = time.monotonic() - t0
@@ -70,8 +75,11 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     # flight then)
     passes_before = e.operator.reconcile_passes()
     e.cp.mark_terminating(e.ns, "llama-a")
-    removing_pass = e.operator.passes_until(lambda: all(a.url not in e.urls(p) for p in ("router-0", "router-1")),
-                                            what="the terminating pod to leave both replicas", start=passes_before)
+    removing_pass = e.operator.passes_until(
+        lambda: all(a.url not in e.urls(p) for p in ("router-0", "router-1")),
+        what="the terminating pod to leave both replicas",
+        start=passes_before,
+    )
     assert removing_pass <= 2
     assert all(b.url in e.urls(p) for p in ("router-0", "router-1"))
     # ... recreated on the same IP with a new UID: registered again, with the new pod UID
@@ -80,8 +88,10 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     new_uid = new["metadata"]["uid"]
 
     def reregistered() -> bool:
-        return all(any(w["url"] == a.url and w["labels"].get("smg.dev/pod-uid") == new_uid
-                       for w in e.routers[p].workers()) for p in ("router-0", "router-1"))
+        return all(
+            any(w["url"] == a.url and w["labels"].get("smg.dev/pod-uid") == new_uid for w in e.routers[p].workers())
+            for p in ("router-0", "router-1")
+        )
 
     wait_until(reregistered, timeout=SETTLE, what="the recreated pod to be registered with its new UID")
 
@@ -90,19 +100,25 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     e.routers["router-1"].stop()
     e.start_router("router-1")
     assert e.urls("router-1") == set()
-    restoring_pass = e.operator.passes_until(lambda: {a.url, b.url} <= e.urls("router-1"),
-                                             what="the restarted replica to get every worker back")
+    restoring_pass = e.operator.passes_until(
+        lambda: {a.url, b.url} <= e.urls("router-1"), what="the restarted replica to get every worker back"
+    )
     assert restoring_pass <= 2
 
     # a stopped replica: status and an Event say RouterUnreachable; started again: recovered
     e.routers["router-0"].stop()
-    wait_until(lambda: e.condition("llama", "Registered").get("reason") == "RouterUnreachable", timeout=SETTLE,
-               what="Registered=False RouterUnreachable")
-    wait_until(lambda: "RouterUnreachable" in e.event_reasons("llama"), timeout=SETTLE,
-               what="a RouterUnreachable Event")
+    wait_until(
+        lambda: e.condition("llama", "Registered").get("reason") == "RouterUnreachable",
+        timeout=SETTLE,
+        what="Registered=False RouterUnreachable",
+    )
+    wait_until(
+        lambda: "RouterUnreachable" in e.event_reasons("llama"), timeout=SETTLE, what="a RouterUnreachable Event"
+    )
     e.start_router("router-0")
-    wait_until(lambda: e.condition("llama", "Registered").get("status") == "True", timeout=SETTLE,
-               what="Registered=True again")
+    wait_until(
+        lambda: e.condition("llama", "Registered").get("status") == "True", timeout=SETTLE, what="Registered=True again"
+    )
     wait_until(lambda: "Recovered" in e.event_reasons("llama"), timeout=SETTLE, what="a Recovered Event")
     assert {a.url, b.url} <= e.urls("router-0")
 
@@ -127,21 +143,32 @@ def test_pd_pools_drive_a_pd_router_with_the_bootstrap_port_from_the_annotation(
     pd_router = e.add_router_pod("pd-router-0", app="smg-pd", args=["--pd-disaggregation"])
     host = next_host()
     bport = free_port(host)
-    e.add_worker_pod("prefill-0", {"app": "ds", "role": "prefill"}, host=host,
-                     extra=["--role", "prefill", "--bootstrap-port", str(bport)],
-                     annotations={"sglang.ai/bootstrap-port": str(bport)})
+    e.add_worker_pod(
+        "prefill-0",
+        {"app": "ds", "role": "prefill"},
+        host=host,
+        extra=["--role", "prefill", "--bootstrap-port", str(bport)],
+        annotations={"sglang.ai/bootstrap-port": str(bport)},
+    )
     e.add_worker_pod("decode-0", {"app": "ds", "role": "decode"}, extra=["--role", "decode"])
     ports = {"port": e.worker_port, "router_port": e.router_port, "service": "smg-pd"}
     # spec.bootstrapPort is wrong on purpose: the pod annotation must win
-    e.cp.apply_yaml(pool("ds-prefill", {"app": "ds", "role": "prefill"}, role="prefill", bootstrapPort=1, **ports),
-                    e.ns)
+    e.cp.apply_yaml(
+        pool("ds-prefill", {"app": "ds", "role": "prefill"}, role="prefill", bootstrapPort=1, **ports), e.ns
+    )
     e.cp.apply_yaml(pool("ds-decode", {"app": "ds", "role": "decode"}, role="decode", **ports), e.ns)
-    wait_until(lambda: http_json("GET", pd_router.url + "/readiness")[0] == 200, timeout=SETTLE,
-               what="the PD router to have a prefill and a decode worker")
+    wait_until(
+        lambda: http_json("GET", pd_router.url + "/readiness")[0] == 200,
+        timeout=SETTLE,
+        what="the PD router to have a prefill and a decode worker",
+    )
     prefill = next(w for w in pd_router.workers() if w["role"] == "prefill")
     assert prefill["bootstrap_port"] == bport  # the annotation, not spec.bootstrapPort (1)
-    status, body = http_json("POST", pd_router.url + "/v1/chat/completions",
-                             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    status, body = http_json(
+        "POST",
+        pd_router.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     assert status == 200, body
     assert body["choices"][0]["message"]["content"]
 
@@ -151,8 +178,17 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
     e = new_env(cp, tmp_path_factory.mktemp("leader"), f"le-{uuid.uuid4().hex[:6]}", replicas=1)
     e.add_service("smg-router", "smg-router")
     e.add_router_pod("router-0")
-    args = ["--namespace", e.ns, "--reconcile-interval", "2", "--leader-election", "--leader-election-namespace",
-            e.ns, "--leader-election-lease-duration", "4"]
+    args = [
+        "--namespace",
+        e.ns,
+        "--reconcile-interval",
+        "2",
+        "--leader-election",
+        "--leader-election-namespace",
+        e.ns,
+        "--leader-election-lease-duration",
+        "4",
+    ]
     first = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args).start()  # healthz 200: it leads
     second = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args, name="smg-operator-standby")
     second.proc.start()  # not .start(): it must not become ready while the first one leads
@@ -172,14 +208,20 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
             renewals.add(spec["renewTime"])
             return len(renewals) >= 3
 
-        wait_until(leader_renewed_twice_and_standby_not_ready, timeout=SETTLE,
-                   what="two renewals by the leader while the standby waits")
+        wait_until(
+            leader_renewed_twice_and_standby_not_ready,
+            timeout=SETTLE,
+            what="two renewals by the leader while the standby waits",
+        )
         sim = e.add_worker_pod("w-0", {"app": "w"})
         cp.apply_yaml(pool("pool", {"app": "w"}, port=e.worker_port, router_port=e.router_port), e.ns)
         wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="the leader to register the pool")
         first.stop()  # a clean exit releases the lease: the standby takes over
-        wait_until(lambda: http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 200, timeout=SETTLE,
-                   what="the standby to take the lease")
+        wait_until(
+            lambda: http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 200,
+            timeout=SETTLE,
+            what="the standby to take the lease",
+        )
         lease = cp.api("GET", lease_path)
         assert lease["spec"]["holderIdentity"].endswith(f"-{second.proc.popen.pid}")
         e.routers["router-0"].stop()

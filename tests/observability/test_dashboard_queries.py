@@ -46,14 +46,19 @@ pytestmark = pytest.mark.timeout(300)
 NAMESPACE = "smg-test"
 RELEASE = "smg"
 ROUTER_JOB = "smg-router"  # what the chart's ServiceMonitor makes the job label: the router Service name
-OPERATOR_METRICS = frozenset({  # smg-operator's exported names (fixed interface); it cannot run here
-    "smg_operator_hook_calls_total", "smg_operator_reconcile_total", "smg_operator_registered_workers",
-})
+OPERATOR_METRICS = frozenset(
+    {  # smg-operator's exported names (fixed interface); it cannot run here
+        "smg_operator_hook_calls_total",
+        "smg_operator_reconcile_total",
+        "smg_operator_registered_workers",
+    }
+)
 RATE_INTERVAL = "5m"  # $__rate_interval: long enough to cover all of this test's traffic
 DASHBOARD = json.loads((CHART / "dashboards" / "smg.json").read_text())
 
 
 # -- what is checked --------------------------------------------------------------------------------------------
+
 
 def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     """(panel title / refId, expr) of every target of every panel, rows' nested panels included."""
@@ -77,7 +82,7 @@ def variable_metrics(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
         query = var.get("query")
         text = query.get("query", "") if isinstance(query, dict) else str(query or "")
         if text.startswith("label_values("):
-            inner = text[len("label_values("):].rsplit(")", 1)[0]
+            inner = text[len("label_values(") :].rsplit(")", 1)[0]
             metric = inner.rsplit(",", 1)[0].strip() if "," in inner else inner.strip()
             out.append((var["name"], metric))
     return out
@@ -85,8 +90,13 @@ def variable_metrics(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 def substitute(expr: str) -> str:
     """Grafana's variables as Grafana would expand them for this test's data."""
-    for var, value in (("$__rate_interval", RATE_INTERVAL), ("$__interval", "15s"), ("$__range", "1h"),
-                       ("${namespace}", NAMESPACE), ("$namespace", NAMESPACE)):
+    for var, value in (
+        ("$__rate_interval", RATE_INTERVAL),
+        ("$__interval", "15s"),
+        ("$__range", "1h"),
+        ("${namespace}", NAMESPACE),
+        ("$namespace", NAMESPACE),
+    ):
         expr = expr.replace(var, value)
     assert "$" not in expr, f"unexpanded variable in {expr}"
     return expr
@@ -103,8 +113,11 @@ RULES = rendered_rules()
 
 
 def rule_queries() -> list[tuple[str, str]]:
-    return [(f"rule {rule.get('alert') or rule.get('record')}", rule["expr"])
-            for group in RULES["spec"]["groups"] for rule in group["rules"]]
+    return [
+        (f"rule {rule.get('alert') or rule.get('record')}", rule["expr"])
+        for group in RULES["spec"]["groups"]
+        for rule in group["rules"]
+    ]
 
 
 def check_expressions(prom: Prometheus, queries: list[tuple[str, str]], known: set[str]) -> list[str]:
@@ -123,6 +136,7 @@ def check_expressions(prom: Prometheus, queries: list[tuple[str, str]], known: s
 
 # -- the running system -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Stack:
     sims: list[Sim]
@@ -132,30 +146,35 @@ class Stack:
     known: set[str]
 
 
-DOCS = [
-    ("You are a meticulous assistant for the SMG router runbook. " * 12) + f"Section {i}. "
-    for i in range(3)
-]
+DOCS = [("You are a meticulous assistant for the SMG router runbook. " * 12) + f"Section {i}. " for i in range(3)]
 
 
 def chat(router: Router, doc: str, question: str, *, stream: bool = False) -> int:
-    body = {"model": MODEL, "max_tokens": 4, "stream": stream,
-            "messages": [{"role": "system", "content": doc}, {"role": "user", "content": question}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "stream": stream,
+        "messages": [{"role": "system", "content": doc}, {"role": "user", "content": question}],
+    }
     status, answer = http_json("POST", router.url + "/v1/chat/completions", body, timeout=30)
     assert status == 200, answer
     return status
 
 
 def complete(router: Router, doc: str, question: str) -> None:
-    status, answer = http_json("POST", router.url + "/v1/completions",
-                               {"model": MODEL, "prompt": doc + question, "max_tokens": 4}, timeout=30)
+    status, answer = http_json(
+        "POST", router.url + "/v1/completions", {"model": MODEL, "prompt": doc + question, "max_tokens": 4}, timeout=30
+    )
     assert status == 200, answer
 
 
 def answered_requests(routers: tuple[Router, ...]) -> float:
     """Inference requests the routers have answered, from their own /metrics."""
-    return sum(metric_value(r.metrics(), "smg_requests_total", endpoint=endpoint)
-               for r in routers for endpoint in ("/v1/chat/completions", "/v1/completions"))
+    return sum(
+        metric_value(r.metrics(), "smg_requests_total", endpoint=endpoint)
+        for r in routers
+        for endpoint in ("/v1/chat/completions", "/v1/completions")
+    )
 
 
 def scraped_requests(prom: Prometheus) -> float:
@@ -182,9 +201,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         rules_file = tmp / "rules.yaml"
         rules_file.write_text(yaml.safe_dump({"groups": RULES["spec"]["groups"]}, sort_keys=False))
-        scrape = [{"job_name": ROUTER_JOB, "metrics_path": "/metrics",
-                   "static_configs": [{"targets": [f"{r.host}:{r.port}" for r in (a, b)],
-                                       "labels": {"namespace": NAMESPACE}}]}]
+        scrape = [
+            {
+                "job_name": ROUTER_JOB,
+                "metrics_path": "/metrics",
+                "static_configs": [
+                    {"targets": [f"{r.host}:{r.port}" for r in (a, b)], "labels": {"namespace": NAMESPACE}}
+                ],
+            }
+        ]
         prom = start_prometheus(tmp, scrape, rule_files=[rules_file])
         started.append(prom)
         wait_until(lambda: prom.targets_up() == 2, timeout=30, what="both routers scraped")
@@ -199,8 +224,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             if i % 2 == 0:
                 chat(b, doc, f"Question {i} for replica B.")
             if i % 5 == 4:
-                wait_until(lambda: scraped_requests(prom) == answered_requests((a, b)), timeout=30,
-                           what=f"Prometheus to scrape the burst ending with request {i}")
+                wait_until(
+                    lambda: scraped_requests(prom) == answered_requests((a, b)),
+                    timeout=30,
+                    what=f"Prometheus to scrape the burst ending with request {i}",
+                )
         assert metric_value(b.metrics(), "smg_routing_fallbacks_total", reason="no_load_data") > 0, b.metrics()
         assert metric_value(a.metrics(), "smg_cache_tree_hits_total") > 0, a.metrics()
 
@@ -223,12 +251,24 @@ def panel_exprs(title: str) -> list[str]:
 
 # -- tests --------------------------------------------------------------------------------------------------------
 
+
 def test_the_dashboard_covers_the_required_panels() -> None:
     titles = {where.split("'")[1] for where, _ in dashboard_queries(DASHBOARD)}
-    for title in ("Tree hit rate by role", "Fallbacks by reason", "Prefix match ratio", "Request rate by endpoint",
-                  "Latency by endpoint", "Time to first token by endpoint", "In-flight per worker",
-                  "Backend load per worker", "Worker health", "Worker lifecycle events", "PD requests",
-                  "Reconciles by result", "Router call errors"):
+    for title in (
+        "Tree hit rate by role",
+        "Fallbacks by reason",
+        "Prefix match ratio",
+        "Request rate by endpoint",
+        "Latency by endpoint",
+        "Time to first token by endpoint",
+        "In-flight per worker",
+        "Backend load per worker",
+        "Worker health",
+        "Worker lifecycle events",
+        "PD requests",
+        "Reconciles by result",
+        "Router call errors",
+    ):
         assert title in titles, title
     quantiles = [e for _, e in dashboard_queries(DASHBOARD) if "histogram_quantile" in e]
     assert quantiles and all("_bucket{" in e and "by (le" in e for e in quantiles)
@@ -272,15 +312,22 @@ def test_hit_rate_fallback_and_request_rate_panels_have_data(stack: Stack) -> No
     assert {s["metric"].get("role") for s in series} == {"regular"}
     assert all(0 < float(s["value"][1]) <= 1 for s in series)
 
-    fallbacks = wait_until(lambda: finite_series(prom, panel_exprs("Fallbacks by reason")[0]), timeout=30,
-                           what="fallback series")
+    fallbacks = wait_until(
+        lambda: finite_series(prom, panel_exprs("Fallbacks by reason")[0]), timeout=30, what="fallback series"
+    )
     assert "no_load_data" in {s["metric"].get("reason") for s in fallbacks}
 
     requests = finite_series(prom, panel_exprs("Request rate by endpoint")[0])
     endpoints = {s["metric"].get("endpoint") for s in requests if float(s["value"][1]) > 0}
     assert {"/v1/chat/completions", "/v1/completions"} <= endpoints
-    for title in ("Tree hit rate", "Requests / s", "Prefix match ratio", "Latency by endpoint",
-                  "Backend load per worker", "Worker health"):
+    for title in (
+        "Tree hit rate",
+        "Requests / s",
+        "Prefix match ratio",
+        "Latency by endpoint",
+        "Backend load per worker",
+        "Worker health",
+    ):
         assert any(finite_series(prom, e) for e in panel_exprs(title)), title
 
 
@@ -288,8 +335,11 @@ def test_alert_rules_select_the_scraped_routers(stack: Stack) -> None:
     """The rules' job/namespace selectors match what the ServiceMonitor produces, and they work on this data."""
     exprs = dict(rule_queries())
     prom = stack.prom
-    disagree = wait_until(lambda: prom.vector(exprs["rule SMGRouterReplicasDisagree"]), timeout=20,
-                          what="replicas A (2 workers) and B (1 worker) to disagree")
+    disagree = wait_until(
+        lambda: prom.vector(exprs["rule SMGRouterReplicasDisagree"]),
+        timeout=20,
+        what="replicas A (2 workers) and B (1 worker) to disagree",
+    )
     assert float(disagree[0]["value"][1]) == 1
     assert prom.vector(exprs["rule SMGNoHealthyWorkers"]) == []
     ratio_expr = exprs["rule SMGHighFallbackRatio"].rsplit(">", 1)[0]
@@ -312,8 +362,9 @@ def test_the_checker_catches_a_bad_query(stack: Stack) -> None:
     targets.append({"refId": "Z", "expr": 'sum(rate(smg_requests_total{namespace=~"$namespace"}[5m])'})
     made_up = substitute(targets[0]["expr"])
     answer = stack.prom.query(made_up)
-    assert answer["status"] == "success" and answer["data"]["result"] == [], \
+    assert answer["status"] == "success" and answer["data"]["result"] == [], (
         "Prometheus does not complain about unknown names: the name check is what catches them"
+    )
     problems = check_expressions(stack.prom, dashboard_queries(bad), stack.known)
     assert any("smg_http_requests_made_up_total" in p and "not exported" in p for p in problems), problems
     assert any("Request rate by endpoint' Z" in p and "bad_data" in p for p in problems), problems
@@ -321,8 +372,10 @@ def test_the_checker_catches_a_bad_query(stack: Stack) -> None:
 
 
 def test_metric_name_extraction() -> None:
-    expr = ('histogram_quantile(0.9, sum by (le, role) (rate(smg_prefix_match_ratio_bucket{role!="x"}[5m])))'
-            ' / on (role) group_left(model) (smg_a or 0 * smg_b:rate5m offset 5m) > bool 1e-9')
+    expr = (
+        'histogram_quantile(0.9, sum by (le, role) (rate(smg_prefix_match_ratio_bucket{role!="x"}[5m])))'
+        " / on (role) group_left(model) (smg_a or 0 * smg_b:rate5m offset 5m) > bool 1e-9"
+    )
     assert metric_names(expr) == {"smg_prefix_match_ratio_bucket", "smg_a", "smg_b:rate5m"}
 
 

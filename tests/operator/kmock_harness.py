@@ -49,10 +49,18 @@ class Kube:
         self.ns = namespace
 
     # -- REST --------------------------------------------------------------------------------------
-    def call(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-             ok: Iterable[int] = (200, 201)) -> Any:
-        status, data = http_json(method, self.server.url + path, body, headers={"Content-Type": content_type},
-                                 timeout=5)
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        ok: Iterable[int] = (200, 201),
+    ) -> Any:
+        status, data = http_json(
+            method, self.server.url + path, body, headers={"Content-Type": content_type}, timeout=5
+        )
         if status not in tuple(ok):
             raise ApiError(method, path, status, data)
         return data
@@ -79,22 +87,44 @@ class Kube:
         return f"/apis/smg.dev/v1alpha1/namespaces/{self.ns}/smgworkers" + (f"/{name}" if name else "")
 
     # -- pods: the test is the kubelet ------------------------------------------------------------
-    def create_pod(self, name: str, *, labels: Mapping[str, str], ip: str, ready: bool = True,
-                   annotations: Mapping[str, str] | None = None, hold: bool = True) -> dict[str, Any]:
+    def create_pod(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        ip: str,
+        ready: bool = True,
+        annotations: Mapping[str, str] | None = None,
+        hold: bool = True,
+    ) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": dict(labels)}
         if annotations:
             meta["annotations"] = dict(annotations)
         if hold:
             meta["finalizers"] = [HOLD_FINALIZER]
-        self.call("POST", self.pods_path(), {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                                             "spec": {"containers": [{"name": "main", "image": "smg:test"}]}})
+        self.call(
+            "POST",
+            self.pods_path(),
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": meta,
+                "spec": {"containers": [{"name": "main", "image": "smg:test"}]},
+            },
+        )
         return self.set_pod_status(name, ip=ip, ready=ready)
 
     def set_pod_status(self, name: str, *, ip: str, ready: bool) -> dict[str, Any]:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "conditions": [
-            {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now}]}
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "True" if ready else "False", "lastTransitionTime": now},
+            ],
+        }
         return self.merge(self.pods_path(name) + "/status", {"status": status})
 
     def terminate_pod(self, name: str) -> dict[str, Any]:
@@ -109,15 +139,29 @@ class Kube:
         return self.get(self.pods_path(name))
 
     def create_service(self, name: str, selector: Mapping[str, str], port: int) -> dict[str, Any]:
-        return self.call("POST", f"/api/v1/namespaces/{self.ns}/services", {
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"selector": dict(selector), "ports": [{"name": "http", "port": port, "targetPort": port}]}})
+        return self.call(
+            "POST",
+            f"/api/v1/namespaces/{self.ns}/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": self.ns},
+                "spec": {"selector": dict(selector), "ports": [{"name": "http", "port": port, "targetPort": port}]},
+            },
+        )
 
     # -- SMGWorkers --------------------------------------------------------------------------------
     def create_smgworker(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        return self.call("POST", self.smgw_path(), {"apiVersion": "smg.dev/v1alpha1", "kind": "SMGWorker",
-                                                    "metadata": {"name": name, "namespace": self.ns},
-                                                    "spec": dict(spec)})
+        return self.call(
+            "POST",
+            self.smgw_path(),
+            {
+                "apiVersion": "smg.dev/v1alpha1",
+                "kind": "SMGWorker",
+                "metadata": {"name": name, "namespace": self.ns},
+                "spec": dict(spec),
+            },
+        )
 
     def smgworker(self, name: str) -> dict[str, Any] | None:
         return self.get(self.smgw_path(name))
@@ -130,9 +174,12 @@ class Kube:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """core/v1 Events about the SMGWorker ``name`` (oldest first)."""
-        return [e for e in self.items(f"/api/v1/namespaces/{self.ns}/events")
-                if (e.get("involvedObject") or {}).get("name") == name
-                and (e.get("involvedObject") or {}).get("kind") == "SMGWorker"]
+        return [
+            e
+            for e in self.items(f"/api/v1/namespaces/{self.ns}/events")
+            if (e.get("involvedObject") or {}).get("name") == name
+            and (e.get("involvedObject") or {}).get("kind") == "SMGWorker"
+        ]
 
     def event_reasons(self, name: str) -> list[str]:
         return [e.get("reason") for e in self.events(name)]
@@ -140,9 +187,19 @@ class Kube:
 
 def Operator(tmp: Path, kubeconfig: Path) -> OperatorProcess:
     """``python -m smg_operator`` as a subprocess, logged in to the emulator through a kubeconfig."""
-    return OperatorProcess(tmp, kubeconfig, admin_key=ADMIN_KEY, args=[
-        "--reconcile-interval", str(RECONCILE_INTERVAL), "--router-timeout", str(ROUTER_TIMEOUT),
-        "--log-level", "info"])
+    return OperatorProcess(
+        tmp,
+        kubeconfig,
+        admin_key=ADMIN_KEY,
+        args=[
+            "--reconcile-interval",
+            str(RECONCILE_INTERVAL),
+            "--router-timeout",
+            str(ROUTER_TIMEOUT),
+            "--log-level",
+            "info",
+        ],
+    )
 
 
 def start_router_at(tmp: Path, host: str, port: int) -> Router:
@@ -203,8 +260,15 @@ class Fleet:
             popen.send_signal(signal.SIGCONT)
 
     # -- workers -----------------------------------------------------------------------------------
-    def add_worker(self, pod: str, *, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None,
-                   ready: bool = True, extra: Iterable[str] = ()) -> Sim:
+    def add_worker(
+        self,
+        pod: str,
+        *,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        ready: bool = True,
+        extra: Iterable[str] = (),
+    ) -> Sim:
         sim = start_sim_at(self.tmp, next_host(), self.worker_port, extra)
         self.sims[pod] = sim
         self.kube.create_pod(pod, labels=labels, ip=sim.host, ready=ready, annotations=annotations)
@@ -233,8 +297,11 @@ class Fleet:
         return self.routers[pod].workers()
 
     def urls(self, pod: str, *, owner_uid: str | None = None) -> set[str]:
-        return {w["url"] for w in self.workers(pod)
-                if owner_uid is None or (w.get("labels") or {}).get(OWNER_UID) == owner_uid}
+        return {
+            w["url"]
+            for w in self.workers(pod)
+            if owner_uid is None or (w.get("labels") or {}).get(OWNER_UID) == owner_uid
+        }
 
     def everywhere(self, urls: set[str], *, owner_uid: str | None = None) -> bool:
         """Every router replica holds exactly ``urls`` (of that owner, when given)."""
@@ -242,9 +309,14 @@ class Fleet:
 
 
 def pool_spec(pool: str, router_port: int, worker_port: int, **extra: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {"role": "regular", "model": MODEL, "selector": {"matchLabels": {"pool": pool}},
-                            "port": worker_port, "drainTimeoutSeconds": 1,
-                            "router": {"service": ROUTER_SERVICE, "port": router_port}}
+    spec: dict[str, Any] = {
+        "role": "regular",
+        "model": MODEL,
+        "selector": {"matchLabels": {"pool": pool}},
+        "port": worker_port,
+        "drainTimeoutSeconds": 1,
+        "router": {"service": ROUTER_SERVICE, "port": router_port},
+    }
     spec.update(extra)
     return spec
 

@@ -20,8 +20,13 @@ def api(kube: Kube) -> Kube:
 
 
 def _pod(name: str, **meta: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": {"containers": []},
-            "status": {"phase": "Running"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **meta},
+        "spec": {"containers": []},
+        "status": {"phase": "Running"},
+    }
 
 
 def _watch(api: Kube, path: str, timeout: float = 0.5) -> list[dict[str, Any]]:
@@ -41,8 +46,7 @@ def _stream(api: Kube, path: str, into: list[dict[str, Any]], count: int) -> Non
                 into.append(json.loads(line))
 
 
-def test_discovery_lists_the_builtin_resources_and_the_installed_crd_with_its_status_subresource(
-        api: Kube) -> None:
+def test_discovery_lists_the_builtin_resources_and_the_installed_crd_with_its_status_subresource(api: Kube) -> None:
     groups = {g["name"] for g in api.call("GET", "/apis")["groups"]}
     assert {"apiextensions.k8s.io", "events.k8s.io", "coordination.k8s.io", "smg.dev"} <= groups
     core = {r["name"]: r for r in api.call("GET", "/api/v1")["resources"]}
@@ -72,16 +76,18 @@ def test_create_stamps_metadata_fills_generate_name_and_leaves_status_to_the_sta
 
 
 def test_the_crd_schema_defaults_are_applied(api: Kube) -> None:
-    smgw = api.create_smgworker("w", {"role": "regular", "model": "m", "selector": {"matchLabels": {"a": "b"}},
-                                      "router": {"service": "r"}})
+    smgw = api.create_smgworker(
+        "w", {"role": "regular", "model": "m", "selector": {"matchLabels": {"a": "b"}}, "router": {"service": "r"}}
+    )
     assert smgw["spec"]["port"] == 8000
     assert smgw["spec"]["drainTimeoutSeconds"] == 30
     assert smgw["spec"]["router"]["port"] == 30000
 
 
 def test_generation_moves_only_with_the_spec_and_a_no_op_patch_changes_nothing(api: Kube) -> None:
-    api.create_smgworker("w", {"role": "regular", "model": "m", "endpoints": ["http://127.0.0.1:1"],
-                               "router": {"service": "r"}})
+    api.create_smgworker(
+        "w", {"role": "regular", "model": "m", "endpoints": ["http://127.0.0.1:1"], "router": {"service": "r"}}
+    )
     path = api.smgw_path("w")
     on_status = api.merge(path + "/status", {"status": {"ready": "0/1"}})
     assert on_status["metadata"]["generation"] == 1 and on_status["status"] == {"ready": "0/1"}
@@ -95,8 +101,9 @@ def test_generation_moves_only_with_the_spec_and_a_no_op_patch_changes_nothing(a
 
 
 def test_the_status_subresource_is_split_from_the_main_resource(api: Kube) -> None:
-    api.create_smgworker("w", {"role": "regular", "model": "m", "endpoints": ["http://127.0.0.1:1"],
-                               "router": {"service": "r"}})
+    api.create_smgworker(
+        "w", {"role": "regular", "model": "m", "endpoints": ["http://127.0.0.1:1"], "router": {"service": "r"}}
+    )
     path = api.smgw_path("w")
     main = api.merge(path, {"spec": {"model": "m2"}, "status": {"ready": "9/9"}})
     assert main["spec"]["model"] == "m2" and "status" not in main
@@ -107,14 +114,26 @@ def test_the_status_subresource_is_split_from_the_main_resource(api: Kube) -> No
 def test_a_failed_json_patch_test_answers_422_and_a_stale_resource_version_409(api: Kube) -> None:
     pod = api.call("POST", PODS, _pod("p1"))
     rv = pod["metadata"]["resourceVersion"]
-    ok = api.call("PATCH", f"{PODS}/p1", [{"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                                          {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]}],
-                  content_type="application/json-patch+json")
+    ok = api.call(
+        "PATCH",
+        f"{PODS}/p1",
+        [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]},
+        ],
+        content_type="application/json-patch+json",
+    )
     assert ok["metadata"]["finalizers"] == ["x/y"]
     with pytest.raises(AssertionError, match="422"):
-        api.call("PATCH", f"{PODS}/p1", [{"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-                                         {"op": "remove", "path": "/metadata/finalizers"}],
-                 content_type="application/json-patch+json")
+        api.call(
+            "PATCH",
+            f"{PODS}/p1",
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+                {"op": "remove", "path": "/metadata/finalizers"},
+            ],
+            content_type="application/json-patch+json",
+        )
     with pytest.raises(AssertionError, match="409"):
         api.merge(f"{PODS}/p1", {"metadata": {"resourceVersion": rv, "labels": {"a": "b"}}})
     with pytest.raises(AssertionError, match="409"):
@@ -150,7 +169,10 @@ def test_a_watch_resumes_exactly_after_the_listed_resource_version(api: Kube) ->
 
     events = _watch(api, f"{PODS}?resourceVersion={since}")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", "after"), ("MODIFIED", "before"), ("DELETED", "after")]
+        ("ADDED", "after"),
+        ("MODIFIED", "before"),
+        ("DELETED", "after"),
+    ]
     versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert versions == sorted(versions) and versions[0] > int(since)
 
@@ -164,8 +186,9 @@ def test_a_live_watch_sees_every_change_after_its_replay_without_a_gap(api: Kube
     since = api.call("GET", PODS)["metadata"]["resourceVersion"]
     api.call("POST", PODS, _pod("p0"))
     seen: list[dict[str, Any]] = []
-    watcher = threading.Thread(target=_stream, args=(api, f"{PODS}?resourceVersion={since}", seen, 20),
-                               name="test-watch", daemon=True)
+    watcher = threading.Thread(
+        target=_stream, args=(api, f"{PODS}?resourceVersion={since}", seen, 20), name="test-watch", daemon=True
+    )
     watcher.start()
     for i in range(1, 10):  # racing the watch's start: each lands in its replay or in its live stream
         api.call("POST", PODS, _pod(f"p{i}"))
@@ -184,4 +207,3 @@ def test_a_watch_from_before_the_kept_history_is_gone() -> None:
             api.call("POST", PODS, _pod(f"p{i}"))
         events = _watch(api, f"{PODS}?resourceVersion=1")
         assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
-

@@ -21,8 +21,11 @@ LONGEST_RETRY_DELAY = 30.0
 
 def _registered_pool(kube: Kube, fleet: Fleet) -> tuple[str, set[str]]:
     uid, want = registered_pool(kube, fleet)
-    wait_for(lambda: OPERATOR_FINALIZER in (kube.smgworker("llama")["metadata"].get("finalizers") or []),
-             timeout=SETTLE, what="the operator's finalizer")
+    wait_for(
+        lambda: OPERATOR_FINALIZER in (kube.smgworker("llama")["metadata"].get("finalizers") or []),
+        timeout=SETTLE,
+        what="the operator's finalizer",
+    )
     return uid, want
 
 
@@ -32,12 +35,14 @@ def _unreachable_lists(operator: Operator) -> float:
 
 
 def test_deleting_an_smgworker_removes_its_workers_from_every_replica_before_it_disappears(
-        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
     uid, _ = _registered_pool(kube, fleet)
     by_hand = fleet.add_sim("by-hand")
     for router in fleet.routers.values():
-        status, body = http_json("POST", router.url + "/workers", {"url": by_hand.url},
-                                 headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        status, body = http_json(
+            "POST", router.url + "/workers", {"url": by_hand.url}, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+        )
         assert status == 201, body
 
     kube.call("DELETE", kube.smgw_path("llama"))
@@ -49,9 +54,12 @@ def test_deleting_an_smgworker_removes_its_workers_from_every_replica_before_it_
         assert all(not (w.get("labels") or {}).get(OWNER_UID) for w in fleet.workers(pod))
 
     # The emulator's history of the object: marked for deletion, then released by the operator's finalizer.
-    history = kube.server.call(lambda emu: [dict(v) if v is not None else None
-                                            for v in emu.objects["smg.dev/v1alpha1/smgworkers", kube.ns,
-                                                                 "llama"].history])
+    history = kube.server.call(
+        lambda emu: [
+            dict(v) if v is not None else None
+            for v in emu.objects["smg.dev/v1alpha1/smgworkers", kube.ns, "llama"].history
+        ]
+    )
     assert history[-1] is None
     last = history[-2]
     assert last["metadata"]["deletionTimestamp"]
@@ -59,17 +67,27 @@ def test_deleting_an_smgworker_removes_its_workers_from_every_replica_before_it_
 
 
 def test_an_smgworker_deleted_while_a_router_is_unreachable_keeps_its_finalizer_until_the_router_is_back(
-        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
     uid, want = _registered_pool(kube, fleet)
 
     with fleet.frozen("router-1"):  # SIGSTOP: it keeps its registry but answers nothing
         kube.call("DELETE", kube.smgw_path("llama"))
-        wait_for(lambda: fleet.urls("router-0", owner_uid=uid) == set(), timeout=SETTLE,
-                 what="the workers removed from the reachable replica")
-        wait_for(lambda: "RouterUnreachable" in kube.event_reasons("llama"), timeout=SETTLE,
-                 what="a RouterUnreachable event about the pending deregistration")
-        wait_for(lambda: "deregistration pending" in kube.status("llama").get("lastError", ""), timeout=SETTLE,
-                 what="status.lastError: deregistration pending")
+        wait_for(
+            lambda: fleet.urls("router-0", owner_uid=uid) == set(),
+            timeout=SETTLE,
+            what="the workers removed from the reachable replica",
+        )
+        wait_for(
+            lambda: "RouterUnreachable" in kube.event_reasons("llama"),
+            timeout=SETTLE,
+            what="a RouterUnreachable event about the pending deregistration",
+        )
+        wait_for(
+            lambda: "deregistration pending" in kube.status("llama").get("lastError", ""),
+            timeout=SETTLE,
+            what="status.lastError: deregistration pending",
+        )
         # It must hold on, however long the router is away: watched over two more failed tries of the finalizer
         # (after the one that wrote lastError), not over some seconds that may hold no try at all.
         tries_before = _unreachable_lists(operator)
@@ -86,7 +104,11 @@ def test_an_smgworker_deleted_while_a_router_is_unreachable_keeps_its_finalizer_
         assert event["type"] == "Warning" and "router-1" in event["message"]
 
     assert fleet.urls("router-1", owner_uid=uid) == want  # it kept them while frozen
-    wait_for(lambda: kube.smgworker("llama") is None, timeout=SETTLE + LONGEST_RETRY_DELAY, interval=0.1,
-             what="the SMGWorker gone once the replica answers again (finalizer retries back off)")
+    wait_for(
+        lambda: kube.smgworker("llama") is None,
+        timeout=SETTLE + LONGEST_RETRY_DELAY,
+        interval=0.1,
+        what="the SMGWorker gone once the replica answers again (finalizer retries back off)",
+    )
     assert fleet.urls("router-1", owner_uid=uid) == set()
     assert fleet.urls("router-0", owner_uid=uid) == set()

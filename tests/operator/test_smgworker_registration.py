@@ -13,11 +13,13 @@ def _two_replicas_and_two_workers(fleet: Fleet) -> None:
 
 
 def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_replicas(
-        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
     _two_replicas_and_two_workers(fleet)
     fleet.add_worker("other-0", labels={"pool": "other"})  # not selected
-    smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port,
-                                                    labels={"tier": "gold"}, policy="cache_aware"))
+    smgw = kube.create_smgworker(
+        "llama", pool_spec("llama", fleet.router_port, fleet.worker_port, labels={"tier": "gold"}, policy="cache_aware")
+    )
     uid = smgw["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
 
@@ -30,31 +32,46 @@ def test_an_smgworker_selecting_two_ready_pods_registers_both_on_both_router_rep
             assert worker["model_id"] == MODEL
             assert worker["owner"] == f"smg-operator:{kube.ns}/llama"
             assert worker["labels"] == {
-                "tier": "gold", "policy": "cache_aware", "smg.dev/managed-by": "smg-operator",
-                "smg.dev/smgworker": f"{kube.ns}.llama", OWNER_UID: uid, "smg.dev/pod": pod_name,
-                POD_UID: kube.pod(pod_name)["metadata"]["uid"]}
+                "tier": "gold",
+                "policy": "cache_aware",
+                "smg.dev/managed-by": "smg-operator",
+                "smg.dev/smgworker": f"{kube.ns}.llama",
+                OWNER_UID: uid,
+                "smg.dev/pod": pod_name,
+                POD_UID: kube.pod(pod_name)["metadata"]["uid"],
+            }
 
-    status = wait_for(lambda: (s := kube.status("llama")).get("registeredEndpoints") == 2 and s,
-                      timeout=SETTLE, what="status registeredEndpoints 2")
+    status = wait_for(
+        lambda: (s := kube.status("llama")).get("registeredEndpoints") == 2 and s,
+        timeout=SETTLE,
+        what="status registeredEndpoints 2",
+    )
     assert status["ready"] == "2/2"
     assert status["readyEndpoints"] == 2
     assert status["observedGeneration"] == kube.smgworker("llama")["metadata"]["generation"]
     assert "lastError" not in status  # cleared: a null in the merge patch removes it
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("True", "Ready")
-    assert (conditions["EndpointsResolved"]["status"], conditions["EndpointsResolved"]["reason"]) == \
-        ("True", "EndpointsFound")
-    assert (conditions["Registered"]["status"], conditions["Registered"]["reason"]) == \
-        ("True", "RegisteredOnAllReplicas")
+    assert (conditions["EndpointsResolved"]["status"], conditions["EndpointsResolved"]["reason"]) == (
+        "True",
+        "EndpointsFound",
+    )
+    assert (conditions["Registered"]["status"], conditions["Registered"]["reason"]) == (
+        "True",
+        "RegisteredOnAllReplicas",
+    )
     assert all(c["message"] and c["lastTransitionTime"] for c in conditions.values())
     assert sorted(e["url"] for e in status["endpoints"]) == sorted(want)
     assert all(e["registered"] for e in status["endpoints"])
-    assert sorted((r["pod"], r["reachable"], r["registered"]) for r in status["routers"]) == \
-        [("router-0", True, 2), ("router-1", True, 2)]
+    assert sorted((r["pod"], r["reachable"], r["registered"]) for r in status["routers"]) == [
+        ("router-0", True, 2),
+        ("router-1", True, 2),
+    ]
 
 
 def test_a_pod_that_is_not_ready_counts_as_selected_but_is_not_registered_until_it_is_ready(
-        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
     _two_replicas_and_two_workers(fleet)
     late = fleet.add_worker("llama-2", labels={"pool": "llama"}, ready=False)
     smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port))
@@ -65,16 +82,21 @@ def test_a_pod_that_is_not_ready_counts_as_selected_but_is_not_registered_until_
     assert fleet.everywhere(two, owner_uid=uid)
 
     kube.set_pod_status("llama-2", ip=late.host, ready=True)
-    wait_for(lambda: fleet.everywhere(two | {late.url}, owner_uid=uid), timeout=SETTLE,
-             what="the pod that became ready on both replicas")
+    wait_for(
+        lambda: fleet.everywhere(two | {late.url}, owner_uid=uid),
+        timeout=SETTLE,
+        what="the pod that became ready on both replicas",
+    )
     wait_for(lambda: kube.status("llama").get("ready") == "3/3", timeout=SETTLE, what='status ready "3/3"')
 
 
 def test_a_changed_spec_replaces_the_registrations_on_every_replica(
-        kube: Kube, fleet: Fleet, operator: Operator) -> None:
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
     _two_replicas_and_two_workers(fleet)
-    smgw = kube.create_smgworker("llama", pool_spec("llama", fleet.router_port, fleet.worker_port,
-                                                    labels={"tier": "gold"}))
+    smgw = kube.create_smgworker(
+        "llama", pool_spec("llama", fleet.router_port, fleet.worker_port, labels={"tier": "gold"})
+    )
     uid = smgw["metadata"]["uid"]
     want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
     wait_for(lambda: fleet.everywhere(want, owner_uid=uid), timeout=SETTLE, what="both pods on both replicas")
@@ -83,9 +105,11 @@ def test_a_changed_spec_replaces_the_registrations_on_every_replica(
     assert patched["metadata"]["generation"] == 2
 
     def relabelled() -> bool:
-        return all(w["labels"].get("tier") == "silver" for pod in fleet.routers for w in fleet.workers(pod)) \
-            and fleet.everywhere(want, owner_uid=uid)
+        return all(
+            w["labels"].get("tier") == "silver" for pod in fleet.routers for w in fleet.workers(pod)
+        ) and fleet.everywhere(want, owner_uid=uid)
 
     wait_for(relabelled, timeout=SETTLE, what="the new labels on every replica")
-    wait_for(lambda: kube.status("llama").get("observedGeneration") == 2, timeout=SETTLE,
-             what="status.observedGeneration 2")
+    wait_for(
+        lambda: kube.status("llama").get("observedGeneration") == 2, timeout=SETTLE, what="status.observedGeneration 2"
+    )

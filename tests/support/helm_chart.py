@@ -42,8 +42,11 @@ class Rendered:
         return [o for o in self.all if o["kind"] == kind]
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name
-                 and (namespace is None or o["metadata"].get("namespace") == namespace)]
+        found = [
+            o
+            for o in self.of_kind(kind)
+            if o["metadata"]["name"] == name and (namespace is None or o["metadata"].get("namespace") == namespace)
+        ]
         assert len(found) == 1, f"{kind}/{name}: found {len(found)} among {self.names()}"
         return found[0]
 
@@ -74,6 +77,7 @@ def lint(values: dict[str, Any] | None = None, *, kube_version: str = "v1.30.0")
     """``helm lint --strict``: the findings of severity warning (2) or error (3)."""
     report = helm.lint(CHART, values or {}, strict=True, namespace=NAMESPACE, kube_version=kube_version)
     problems = [m for m in report["messages"] if m["severity"] >= 2]
-    problems += [{"severity": 3, "path": "", "error": e} for e in report["errors"]
-                 if not any(e == m["error"] for m in problems)]
+    problems += [
+        {"severity": 3, "path": "", "error": e} for e in report["errors"] if not any(e == m["error"] for m in problems)
+    ]
     return problems

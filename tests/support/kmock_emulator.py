@@ -63,15 +63,36 @@ T = TypeVar("T")
 
 VERBS = frozenset({"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})
 BUILTIN_RESOURCES: dict[str, dict[str, Any]] = {
-    "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False,
-                      "shortnames": {"ns"}, "subresources": {"status"}},
+    "v1/namespaces": {
+        "kind": "Namespace",
+        "singular": "namespace",
+        "namespaced": False,
+        "shortnames": {"ns"},
+        "subresources": {"status"},
+    },
     "apiextensions.k8s.io/v1/customresourcedefinitions": {
-        "kind": "CustomResourceDefinition", "singular": "customresourcedefinition", "namespaced": False,
-        "shortnames": {"crd", "crds"}, "subresources": {"status"}},
-    "v1/pods": {"kind": "Pod", "singular": "pod", "namespaced": True, "shortnames": {"po"},
-                "categories": {"all"}, "subresources": {"status"}},
-    "v1/services": {"kind": "Service", "singular": "service", "namespaced": True, "shortnames": {"svc"},
-                    "categories": {"all"}, "subresources": {"status"}},
+        "kind": "CustomResourceDefinition",
+        "singular": "customresourcedefinition",
+        "namespaced": False,
+        "shortnames": {"crd", "crds"},
+        "subresources": {"status"},
+    },
+    "v1/pods": {
+        "kind": "Pod",
+        "singular": "pod",
+        "namespaced": True,
+        "shortnames": {"po"},
+        "categories": {"all"},
+        "subresources": {"status"},
+    },
+    "v1/services": {
+        "kind": "Service",
+        "singular": "service",
+        "namespaced": True,
+        "shortnames": {"svc"},
+        "categories": {"all"},
+        "subresources": {"status"},
+    },
     "v1/endpoints": {"kind": "Endpoints", "singular": "endpoints", "namespaced": True, "shortnames": {"ep"}},
     "v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "shortnames": {"ev"}},
     "events.k8s.io/v1/events": {"kind": "Event", "singular": "event", "namespaced": True, "shortnames": {"ev"}},
@@ -81,8 +102,16 @@ CRD_RESOURCE = kmock.resource("apiextensions.k8s.io/v1/customresourcedefinitions
 POD_RESOURCE = kmock.resource("v1/pods")
 _MUTATIONS = frozenset({kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE})
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the API server uses for generateName suffixes
-_IMMUTABLE_META = ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                   "deletionGracePeriodSeconds", "generation", "resourceVersion")
+_IMMUTABLE_META = (
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "resourceVersion",
+)
 
 
 def now_rfc3339() -> str:
@@ -146,7 +175,8 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
     _compacted: int = attrs.field(default=0, init=False)
     """The newest resourceVersion dropped from the history: watches from before it get 410 Gone."""
     _history: collections.deque[tuple[int, kmock.resource, dict[str, Any]]] = attrs.field(
-        factory=collections.deque, init=False)
+        factory=collections.deque, init=False
+    )
     _results: dict[int, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _schemas: dict[kmock.resource, Mapping[str, Any]] = attrs.field(factory=dict, init=False)
 
@@ -166,10 +196,14 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 continue
             res = kmock.resource(spec["group"], version["name"], names["plural"])
             self.resources[res] = kmock.ResourceInfo(
-                kind=names["kind"], singular=names.get("singular") or names["kind"].lower(),
-                namespaced=spec.get("scope", "Namespaced") == "Namespaced", verbs=VERBS,
-                shortnames=set(names.get("shortNames") or ()), categories=set(names.get("categories") or ()),
-                subresources=set((version.get("subresources") or {}).keys()))
+                kind=names["kind"],
+                singular=names.get("singular") or names["kind"].lower(),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                verbs=VERBS,
+                shortnames=set(names.get("shortNames") or ()),
+                categories=set(names.get("categories") or ()),
+                subresources=set((version.get("subresources") or {}).keys()),
+            )
             self._schemas[res] = (version.get("schema") or {}).get("openAPIV3Schema") or {}
             declared.append(res)
         return declared
@@ -222,13 +256,15 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
     @staticmethod
     def _matches(request: kmock.Request, body: Mapping[str, Any]) -> bool:
         meta = body.get("metadata") or {}
-        return ((request.namespace is None or meta.get("namespace") == request.namespace)
-                and (request.name is None or meta.get("name") == request.name))
+        return (request.namespace is None or meta.get("namespace") == request.namespace) and (
+            request.name is None or meta.get("name") == request.name
+        )
 
     # -- state changes -----------------------------------------------------------------------------
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         mutation = request.resource is not None and (
-            request.action in _MUTATIONS or (request.method == kmock.method.PUT and request.name is not None))
+            request.action in _MUTATIONS or (request.method == kmock.method.PUT and request.name is not None)
+        )
         if not mutation:
             return await kmock.RawHandler._handle(self, request)
         async with self._lock:
@@ -259,8 +295,11 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             raise _error(400, "BadRequest", "a namespaced object needs a namespace")
         if meta.get("namespace") and namespace and meta["namespace"] != namespace:
             raise _error(400, "BadRequest", "the namespace of the body does not match that of the URL")
-        name = meta.get("name") or (meta["generateName"] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
-                                    if meta.get("generateName") else None)
+        name = meta.get("name") or (
+            meta["generateName"] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+            if meta.get("generateName")
+            else None
+        )
         if not name:
             raise _error(422, "Invalid", "metadata.name or metadata.generateName is required")
         key = (res, namespace, name)
@@ -268,8 +307,13 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             raise _error(409, "AlreadyExists", f"{res.plural} {name!r} already exists")
         for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "uid"):
             meta.pop(field, None)
-        meta.update(name=name, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1,
-                    resourceVersion=self._next_version())
+        meta.update(
+            name=name,
+            uid=str(uuid.uuid4()),
+            creationTimestamp=now_rfc3339(),
+            generation=1,
+            resourceVersion=self._next_version(),
+        )
         if namespace:
             meta["namespace"] = namespace
         body.setdefault("apiVersion", api_version(res))
@@ -310,8 +354,9 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 new_meta[field] = old["metadata"][field]
             else:
                 new_meta.pop(field, None)
-        if old["metadata"].get("deletionTimestamp") and \
-                set(new_meta.get("finalizers") or ()) - set(old["metadata"].get("finalizers") or ()):
+        if old["metadata"].get("deletionTimestamp") and set(new_meta.get("finalizers") or ()) - set(
+            old["metadata"].get("finalizers") or ()
+        ):
             raise _error(422, "Invalid", "Forbidden: no new finalizers can be added if the object is being deleted")
         apply_schema_defaults(new, self._schemas.get(res))
         if new == old:
@@ -337,8 +382,11 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             if not isinstance(patch, list):
                 raise _error(400, "BadRequest", "a JSON patch must be a list of operations")
             if split:
-                patch = [op for op in patch if op.get("op") == "test" or
-                         (str(op.get("path", "")).startswith("/status") == on_status)]
+                patch = [
+                    op
+                    for op in patch
+                    if op.get("op") == "test" or (str(op.get("path", "")).startswith("/status") == on_status)
+                ]
             try:
                 return jsonpatch.apply_patch(old, patch, in_place=False)
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as e:
@@ -348,8 +396,11 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
                 raise _error(400, "BadRequest", "a merge patch must be a JSON object")
             wanted = (patch.get("metadata") or {}).get("resourceVersion")
             if wanted is not None and str(wanted) != old["metadata"].get("resourceVersion"):
-                raise _error(409, "Conflict", "the object has been modified; please apply your changes to the "
-                                              "latest version and try again")
+                raise _error(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                )
             if split:
                 patch = {k: v for k, v in patch.items() if (k == "status") == on_status}
             return merge_patch(old, patch)
@@ -365,11 +416,17 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             raise _error(400, "BadRequest", "the name of the body does not match that of the URL")
         wanted = meta.get("resourceVersion")
         if wanted is not None and str(wanted) != old["metadata"].get("resourceVersion"):
-            raise _error(409, "Conflict", "the object has been modified; please apply your changes to the "
-                                          "latest version and try again")
+            raise _error(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
         if split and on_status:
-            return {**old, "status": new.get("status")} if "status" in new else {k: v for k, v in old.items()
-                                                                                if k != "status"}
+            return (
+                {**old, "status": new.get("status")}
+                if "status" in new
+                else {k: v for k, v in old.items() if k != "status"}
+            )
         if split:
             new = {k: v for k, v in new.items() if k != "status"}
             if "status" in old:
@@ -434,11 +491,18 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
         info = self._info(res)
         assert res is not None
         async with self._lock:
-            items = [copy.deepcopy(obj.raw) for (r, _, _), obj in self.objects.items()
-                     if r == res and not obj.deleted and self._matches(request, obj.raw)]
+            items = [
+                copy.deepcopy(obj.raw)
+                for (r, _, _), obj in self.objects.items()
+                if r == res and not obj.deleted and self._matches(request, obj.raw)
+            ]
             revision = self._revision
-        return {"apiVersion": api_version(res), "kind": f"{info.kind}List",
-                "metadata": {"resourceVersion": str(revision)}, "items": items}
+        return {
+            "apiVersion": api_version(res),
+            "kind": f"{info.kind}List",
+            "metadata": {"resourceVersion": str(revision)},
+            "items": items,
+        }
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
         res = request.resource
@@ -451,15 +515,21 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
             bus = self._buses[res]
             mark = await bus.mark()  # under the lock: no event between the replay and the live stream is lost
             if since == "0":
-                replay = [{"type": "ADDED", "object": copy.deepcopy(obj.raw)} for (r, _, _), obj in self.objects.items()
-                          if r == res and not obj.deleted and self._matches(request, obj.raw)]
+                replay = [
+                    {"type": "ADDED", "object": copy.deepcopy(obj.raw)}
+                    for (r, _, _), obj in self.objects.items()
+                    if r == res and not obj.deleted and self._matches(request, obj.raw)
+                ]
             elif not since.isdigit():
                 replay = [self._watch_error(400, "BadRequest", f"invalid resourceVersion {since!r}")]
             elif int(since) < self._compacted:
                 replay = [self._watch_error(410, "Expired", f"too old resource version: {since}")]
             else:
-                replay = [copy.deepcopy(event) for rv, r, event in self._history
-                          if r == res and rv > int(since) and self._matches(request, event["object"])]
+                replay = [
+                    copy.deepcopy(event)
+                    for rv, r, event in self._history
+                    if r == res and rv > int(since) and self._matches(request, event["object"])
+                ]
         try:
             for event in replay:
                 yield event
@@ -485,8 +555,18 @@ class KubernetesEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _watch_error(code: int, reason: str, message: str) -> dict[str, Any]:
-        return {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "metadata": {},
-                                            "status": "Failure", "code": code, "reason": reason, "message": message}}
+        return {
+            "type": "ERROR",
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Status",
+                "metadata": {},
+                "status": "Failure",
+                "code": code,
+                "reason": reason,
+                "message": message,
+            },
+        }
 
 
 def load_crds(path: str | Path) -> list[dict[str, Any]]:
@@ -495,11 +575,13 @@ def load_crds(path: str | Path) -> list[dict[str, Any]]:
     return [d for d in docs if isinstance(d, dict) and d.get("kind") == "CustomResourceDefinition"]
 
 
-def write_kubeconfig(path: str | Path, server: str, *, namespace: str = "default",
-                     token: str = "kmock-test-token") -> Path:
+def write_kubeconfig(
+    path: str | Path, server: str, *, namespace: str = "default", token: str = "kmock-test-token"
+) -> Path:
     """A kubeconfig with one context for ``server`` (plain HTTP, bearer token)."""
     config = {
-        "apiVersion": "v1", "kind": "Config",
+        "apiVersion": "v1",
+        "kind": "Config",
         "clusters": [{"name": "kmock", "cluster": {"server": server}}],
         "users": [{"name": "kmock", "user": {"token": token}}],
         "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock", "namespace": namespace}}],
@@ -518,8 +600,13 @@ class EmulatorServer:
     server's event loop (the emulator is not thread-safe) and returns its result.
     """
 
-    def __init__(self, emulator: KubernetesEmulator | None = None, *, host: str = "127.0.0.1",
-                 crds: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(
+        self,
+        emulator: KubernetesEmulator | None = None,
+        *,
+        host: str = "127.0.0.1",
+        crds: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
         if not host.startswith("127."):
             raise ValueError("the emulator listens on loopback only")
         self.emulator = emulator if emulator is not None else KubernetesEmulator()  # an empty one is falsy
@@ -562,8 +649,10 @@ class EmulatorServer:
 
     def call(self, fn: Callable[[KubernetesEmulator], T], timeout: float = 10.0) -> T:
         """Run ``fn(emulator)`` in the server's loop (for reads of ``emulator.objects`` and ``.requests``)."""
+
         async def run() -> T:
             return fn(self.emulator)
+
         return self._submit(run(), timeout)
 
     def call_async(self, fn: Callable[[KubernetesEmulator], Any], timeout: float = 10.0) -> Any:

@@ -63,9 +63,11 @@ def _executable(path: str | Path | None) -> str | None:
 
 
 def find_kube_apiserver() -> str | None:
-    return (_executable(os.environ.get("SMG_KUBE_APISERVER"))
-            or _executable(cache_dir() / f"kube-apiserver-{KUBE_VERSION}" / "kube-apiserver")
-            or shutil.which("kube-apiserver"))
+    return (
+        _executable(os.environ.get("SMG_KUBE_APISERVER"))
+        or _executable(cache_dir() / f"kube-apiserver-{KUBE_VERSION}" / "kube-apiserver")
+        or shutil.which("kube-apiserver")
+    )
 
 
 def find_etcd() -> str | None:
@@ -73,9 +75,11 @@ def find_etcd() -> str | None:
 
 
 def find_kubectl() -> str | None:
-    return (_executable(os.environ.get("SMG_KUBECTL"))
-            or _executable(cache_dir() / "bin" / "kubectl")
-            or shutil.which("kubectl"))
+    return (
+        _executable(os.environ.get("SMG_KUBECTL"))
+        or _executable(cache_dir() / "bin" / "kubectl")
+        or shutil.which("kubectl")
+    )
 
 
 class ToolsMissing(RuntimeError):
@@ -102,8 +106,9 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.1,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; AssertionError with the last value on timeout."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -146,8 +151,11 @@ def _write_rsa_key(path: Path) -> None:
         subprocess.run([openssl, "genrsa", "-out", str(path), "2048"], check=True, capture_output=True)
     else:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                           serialization.NoEncryption()))
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+            )
+        )
     path.chmod(0o600)
 
 
@@ -195,8 +203,14 @@ class ControlPlane:
     ADMIN_USER = "smg-test-admin"
     ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-    def __init__(self, workdir: str | Path | None = None, log_dir: str | Path | None = None, *,
-                 start_timeout: float = 90.0, extra_apiserver_args: Iterable[str] = ()):
+    def __init__(
+        self,
+        workdir: str | Path | None = None,
+        log_dir: str | Path | None = None,
+        *,
+        start_timeout: float = 90.0,
+        extra_apiserver_args: Iterable[str] = (),
+    ):
         self._own_workdir = workdir is None
         self._workdir_arg = Path(workdir) if workdir else None
         self._log_dir_arg = Path(log_dir) if log_dir else None
@@ -214,8 +228,9 @@ class ControlPlane:
         self._ssl = ssl.create_default_context()
         self._ssl.check_hostname = False
         self._ssl.verify_mode = ssl.CERT_NONE
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                                   urllib.request.HTTPSHandler(context=self._ssl))
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self._ssl)
+        )
         self._token_kubeconfigs = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -248,8 +263,15 @@ class ControlPlane:
         assert self.log_dir is not None
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self._logs[name] = log
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_clean_env(), cwd=self.workdir, start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_clean_env(),
+            cwd=self.workdir,
+            start_new_session=True,
+        )
         self._procs[name] = proc
         return proc
 
@@ -276,15 +298,34 @@ class ControlPlane:
         self.etcd_url = f"http://127.0.0.1:{client}"
         data = self.workdir / "etcd-data"
         data.mkdir(mode=0o700, exist_ok=True)
-        self._spawn("etcd", [
-            self.tools["etcd"], "--name", "smg-test", "--data-dir", str(data),
-            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"smg-test=http://127.0.0.1:{peer}",
-            "--initial-cluster-state", "new", "--initial-cluster-token", f"smg-{secrets.token_hex(4)}",
-            "--logger", "zap", "--log-level", "warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                self.tools["etcd"],
+                "--name",
+                "smg-test",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"smg-test=http://127.0.0.1:{peer}",
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                f"smg-{secrets.token_hex(4)}",
+                "--logger",
+                "zap",
+                "--log-level",
+                "warn",
+            ],
+        )
 
         def healthy() -> bool:
             with self._opener.open(f"{self.etcd_url}/health", timeout=2) as resp:
@@ -304,31 +345,38 @@ class ControlPlane:
         tokens.chmod(0o600)
         sa_key = self.workdir / "sa.key"
         _write_rsa_key(sa_key)
-        self._spawn("kube-apiserver", [
-            self.tools["kube-apiserver"],
-            "--bind-address=127.0.0.1", f"--secure-port={port}", "--insecure-port=0",
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-            f"--cert-dir={certs}",
-            f"--etcd-servers={self.etcd_url}",
-            f"--token-auth-file={tokens}",
-            "--authorization-mode=RBAC",
-            f"--service-account-key-file={sa_key}",
-            f"--service-account-signing-key-file={sa_key}",
-            f"--service-account-issuer={self.ISSUER}",
-            f"--api-audiences={self.ISSUER}",
-            "--disable-admission-plugins=ServiceAccount",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--profiling=false",
-            *self.extra_apiserver_args,
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                self.tools["kube-apiserver"],
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--insecure-port=0",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={certs}",
+                f"--etcd-servers={self.etcd_url}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                f"--service-account-issuer={self.ISSUER}",
+                f"--api-audiences={self.ISSUER}",
+                "--disable-admission-plugins=ServiceAccount",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--profiling=false",
+                *self.extra_apiserver_args,
+            ],
+        )
 
         def ready() -> bool:
             status, _ = self.request("GET", "/readyz", raw=True, timeout=3)
             return status == 200
 
         self._wait("kube-apiserver", ready, "ready (/readyz)")
-        self.kubeconfig = write_kubeconfig(self.workdir / "admin.kubeconfig", self.server, self.token,
-                                           user=self.ADMIN_USER)
+        self.kubeconfig = write_kubeconfig(
+            self.workdir / "admin.kubeconfig", self.server, self.token, user=self.ADMIN_USER
+        )
 
     def stop(self) -> None:
         for name in reversed(list(self._procs)):
@@ -357,16 +405,31 @@ class ControlPlane:
         return _tail(self.log_dir / f"{name}.log", lines)
 
     # -- REST --------------------------------------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
-                content_type: str = "application/json", raw: bool = False,
-                timeout: float = 30.0) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        content_type: str = "application/json",
+        raw: bool = False,
+        timeout: float = 30.0,
+    ) -> tuple[int, Any]:
         """One HTTPS request to the API server with the admin token (or ``token``): (status, parsed JSON body)."""
         data = None
         if body is not None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.token}", "Content-Type": content_type,
-            "Accept": "application/json"})
+        req = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {token or self.token}",
+                "Content-Type": content_type,
+                "Accept": "application/json",
+            },
+        )
         try:
             with self._opener.open(req, timeout=timeout) as resp:
                 status, payload = resp.status, resp.read()
@@ -387,14 +450,30 @@ class ControlPlane:
         return payload
 
     # -- kubectl -----------------------------------------------------------------------------------
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, kubeconfig: str | Path | None = None,
-                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: str | Path | None = None,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this control plane (admin kubeconfig unless ``kubeconfig``); text output."""
         assert self.workdir is not None and self.kubeconfig is not None, "control plane not started"
-        argv = [self.tools["kubectl"], f"--kubeconfig={kubeconfig or self.kubeconfig}",
-                f"--cache-dir={self.workdir / 'kubectl-cache'}", *args]
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
-                              env=_clean_env({"KUBECONFIG": str(kubeconfig or self.kubeconfig)}))
+        argv = [
+            self.tools["kubectl"],
+            f"--kubeconfig={kubeconfig or self.kubeconfig}",
+            f"--cache-dir={self.workdir / 'kubectl-cache'}",
+            *args,
+        ]
+        proc = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_clean_env({"KUBECONFIG": str(kubeconfig or self.kubeconfig)}),
+        )
         if check and proc.returncode != 0:
             raise KubectlError(proc.returncode, argv, proc.stdout, proc.stderr)
         return proc
@@ -402,8 +481,9 @@ class ControlPlane:
     def kubectl_json(self, *args: str, **kw: Any) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", **kw).stdout)
 
-    def apply_yaml(self, text_or_path: str | Path, namespace: str | None = None,
-                   *extra: str) -> subprocess.CompletedProcess[str]:
+    def apply_yaml(
+        self, text_or_path: str | Path, namespace: str | None = None, *extra: str
+    ) -> subprocess.CompletedProcess[str]:
         """``kubectl apply`` of a file (a Path, or a str naming an existing file) or of YAML text."""
         ns = ["-n", namespace] if namespace else []
         is_path = isinstance(text_or_path, Path) or ("\n" not in text_or_path and os.path.exists(text_or_path))
@@ -412,8 +492,9 @@ class ControlPlane:
         return self.kubectl("apply", *ns, "-f", "-", *extra, input=str(text_or_path))
 
     def create_namespace(self, name: str) -> dict[str, Any]:
-        return self.api("POST", "/api/v1/namespaces",
-                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        return self.api(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
 
     def wait_crd_established(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
@@ -440,8 +521,12 @@ class ControlPlane:
 
     def patch_pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patch ``status`` through the status subresource (what a kubelet does)."""
-        return self.api("PATCH", self._pod_path(namespace, name, "status"), {"status": status},
-                        content_type="application/merge-patch+json")
+        return self.api(
+            "PATCH",
+            self._pod_path(namespace, name, "status"),
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
 
     @staticmethod
     def _ready_status(ip: str, ready: bool, started: str) -> dict[str, Any]:
@@ -459,15 +544,31 @@ class ControlPlane:
                 {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
             ],
-            "containerStatuses": [{
-                "name": "worker", "image": POD_IMAGE, "imageID": "", "ready": ready, "restartCount": 0,
-                "started": True, "state": {"running": {"startedAt": started}},
-            }],
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "image": POD_IMAGE,
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": started}},
+                }
+            ],
         }
 
-    def make_ready_pod(self, namespace: str, name: str, labels: dict[str, str], ip: str, *,
-                       annotations: dict[str, str] | None = None, finalizers: list[str] | None = None,
-                       ready: bool = True, port: int | None = None) -> dict[str, Any]:
+    def make_ready_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        ip: str,
+        *,
+        annotations: dict[str, str] | None = None,
+        finalizers: list[str] | None = None,
+        ready: bool = True,
+        port: int | None = None,
+    ) -> dict[str, Any]:
         """Create a Pod (one container, image smg-sim:test, never pulled: there is no kubelet) and set its status
         to Running with podIP ``ip`` and the Ready condition ``ready``.  Returns the pod after the status patch."""
         container: dict[str, Any] = {"name": "worker", "image": POD_IMAGE}
@@ -478,9 +579,16 @@ class ControlPlane:
             meta["annotations"] = dict(annotations)
         if finalizers:
             meta["finalizers"] = list(finalizers)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-               "spec": {"containers": [container], "terminationGracePeriodSeconds": 0,
-                        "automountServiceAccountToken": False}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "containers": [container],
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+            },
+        }
         self.api("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
         return self.patch_pod_status(namespace, name, self._ready_status(ip, ready, now_rfc3339()))
 
@@ -493,13 +601,17 @@ class ControlPlane:
         ip = status.get("podIP")
         if not ip:
             raise ValueError(f"pod {namespace}/{name} has no podIP: make it with make_ready_pod first")
-        return self.patch_pod_status(namespace, name,
-                                     self._ready_status(ip, ready, status.get("startTime") or now_rfc3339()))
+        return self.patch_pod_status(
+            namespace, name, self._ready_status(ip, ready, status.get("startTime") or now_rfc3339())
+        )
 
     def _set_finalizers(self, namespace: str, name: str, finalizers: list[str], resource_version: str) -> None:
-        self.api("PATCH", self._pod_path(namespace, name),
-                 {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}},
-                 content_type="application/merge-patch+json")
+        self.api(
+            "PATCH",
+            self._pod_path(namespace, name),
+            {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}},
+            content_type="application/merge-patch+json",
+        )
 
     def mark_terminating(self, namespace: str, name: str) -> dict[str, Any]:
         """Delete the pod while ``smg.test/hold`` (added if missing) keeps it: it stays, with deletionTimestamp
@@ -511,10 +623,17 @@ class ControlPlane:
             finalizers = pod["metadata"].get("finalizers") or []
             if HOLD_FINALIZER in finalizers:
                 break
-            status, body = self.request("PATCH", self._pod_path(namespace, name), {"metadata": {
-                "finalizers": [*finalizers, HOLD_FINALIZER],
-                "resourceVersion": pod["metadata"]["resourceVersion"]}},
-                content_type="application/merge-patch+json")
+            status, body = self.request(
+                "PATCH",
+                self._pod_path(namespace, name),
+                {
+                    "metadata": {
+                        "finalizers": [*finalizers, HOLD_FINALIZER],
+                        "resourceVersion": pod["metadata"]["resourceVersion"],
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
             if status == 200:
                 break
             if status != 409:
@@ -534,10 +653,17 @@ class ControlPlane:
             finalizers = pod["metadata"].get("finalizers") or []
             if HOLD_FINALIZER not in finalizers:
                 break
-            status, body = self.request("PATCH", self._pod_path(namespace, name), {"metadata": {
-                "finalizers": [f for f in finalizers if f != HOLD_FINALIZER] or None,
-                "resourceVersion": pod["metadata"]["resourceVersion"]}},
-                content_type="application/merge-patch+json")
+            status, body = self.request(
+                "PATCH",
+                self._pod_path(namespace, name),
+                {
+                    "metadata": {
+                        "finalizers": [f for f in finalizers if f != HOLD_FINALIZER] or None,
+                        "resourceVersion": pod["metadata"]["resourceVersion"],
+                    }
+                },
+                content_type="application/merge-patch+json",
+            )
             if status in (200, 404):
                 break
             if status != 409:
@@ -545,30 +671,35 @@ class ControlPlane:
         if wait:
             pod = self.get_pod(namespace, name)
             if pod is not None and pod["metadata"].get("deletionTimestamp"):
-                wait_for(lambda: self.get_pod(namespace, name) is None, timeout=timeout,
-                         what=f"pod {namespace}/{name} gone")
+                wait_for(
+                    lambda: self.get_pod(namespace, name) is None, timeout=timeout, what=f"pod {namespace}/{name} gone"
+                )
 
     # -- service accounts --------------------------------------------------------------------------
-    def service_account_token(self, namespace: str, name: str, *, expiration_seconds: int = 3600,
-                              audiences: list[str] | None = None) -> str:
+    def service_account_token(
+        self, namespace: str, name: str, *, expiration_seconds: int = 3600, audiences: list[str] | None = None
+    ) -> str:
         """A bound token for ServiceAccount ``namespace/name`` (created if absent) from the TokenRequest API.
 
         No controller-manager runs, so no token Secrets appear; TokenRequest signs a JWT with the apiserver's
         --service-account-signing-key-file for --service-account-issuer / --api-audiences."""
         sa_path = f"/api/v1/namespaces/{namespace}/serviceaccounts"
-        status, body = self.request("POST", sa_path, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                      "metadata": {"name": name}})
+        status, body = self.request(
+            "POST", sa_path, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+        )
         if status not in (201, 409):
             raise ApiError("POST", sa_path, status, body)
         spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
         if audiences:
             spec["audiences"] = audiences
-        answer = self.api("POST", f"{sa_path}/{name}/token",
-                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        answer = self.api(
+            "POST",
+            f"{sa_path}/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+        )
         return answer["status"]["token"]
 
-    def kubeconfig_for_token(self, token: str, path: str | Path | None = None, *,
-                             namespace: str = "default") -> Path:
+    def kubeconfig_for_token(self, token: str, path: str | Path | None = None, *, namespace: str = "default") -> Path:
         """A kubeconfig for this API server that authenticates with ``token``."""
         assert self.workdir is not None, "control plane not started"
         if path is None:
@@ -584,8 +715,9 @@ class ControlPlane:
 
     def whoami(self, token: str) -> dict[str, Any]:
         """Who the API server says ``token`` is (TokenReview by the admin): the ``status`` of the review."""
-        review = self.api("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
-                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                           "spec": {"token": token}})
+        review = self.api(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
         return review["status"]
-

@@ -142,9 +142,17 @@ class LlamaServer(Proc):
         return f"http://{self.host}:{self.port}"
 
 
-def start_llama_server(tmp: Path, model: Path, *, host: str | None = None, port: int | None = None,
-                       slots: int = 2, ctx: int = 8192, threads: int = 1,
-                       timeout: float = 90.0) -> LlamaServer:
+def start_llama_server(
+    tmp: Path,
+    model: Path,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    slots: int = 2,
+    ctx: int = 8192,
+    threads: int = 1,
+    timeout: float = 90.0,
+) -> LlamaServer:
     """A llama.cpp server on ``host:port`` (fresh loopback address by default), ready (``/health`` 200).
 
     ``ctx`` is the whole KV cache, split evenly over ``slots``.  The host-RAM prompt cache is off, so a
@@ -154,14 +162,34 @@ def start_llama_server(tmp: Path, model: Path, *, host: str | None = None, port:
     if not host.startswith("127."):
         raise ValueError(f"loopback only, not {host}")
     port = port or free_port(host)
-    args = [sys.executable, str(Path(__file__).resolve()), "serve", "--model", str(model), "--host", host,
-            "--port", str(port), "--slots", str(slots), "--ctx", str(ctx), "--threads", str(threads)]
-    server = LlamaServer(name=f"llama-{host}-{port}", args=args, log_path=tmp / f"llama-{host}-{port}.log",
-                         host=host, port=port)
+    args = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "serve",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--slots",
+        str(slots),
+        "--ctx",
+        str(ctx),
+        "--threads",
+        str(threads),
+    ]
+    server = LlamaServer(
+        name=f"llama-{host}-{port}", args=args, log_path=tmp / f"llama-{host}-{port}.log", host=host, port=port
+    )
     server.start()
     try:
-        wait_until(lambda: not server.alive() or http_json("GET", server.url + "/health", timeout=2)[0] == 200,
-                   timeout=timeout, interval=0.2, what=f"llama.cpp server {server.url}")
+        wait_until(
+            lambda: not server.alive() or http_json("GET", server.url + "/health", timeout=2)[0] == 200,
+            timeout=timeout,
+            interval=0.2,
+            what=f"llama.cpp server {server.url}",
+        )
     except AssertionError:
         server.stop()
         raise

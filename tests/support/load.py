@@ -12,8 +12,15 @@ from support.procs import MODEL
 
 
 @contextlib.asynccontextmanager
-async def flood(url: str, count: int, *, prompt: str = "hog", max_tokens: int = 3000, distinct: bool = False,
-                path: str = "/v1/completions") -> AsyncIterator[list[asyncio.Task[None]]]:
+async def flood(
+    url: str,
+    count: int,
+    *,
+    prompt: str = "hog",
+    max_tokens: int = 3000,
+    distinct: bool = False,
+    path: str = "/v1/completions",
+) -> AsyncIterator[list[asyncio.Task[None]]]:
     """``count`` concurrent long requests to ``url`` (a worker or a router) until the block ends.
 
     The prompts share ``prompt`` as a prefix, unless ``distinct`` puts a different start on each.

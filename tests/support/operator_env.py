@@ -70,17 +70,31 @@ class Env:
         return self.routers[pod]
 
     def add_service(self, name: str, app: str) -> None:
-        self.cp.api("POST", f"/api/v1/namespaces/{self.ns}/services", {
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-            "spec": {"selector": {"app": app}, "ports": [{"port": self.router_port}]}})
+        self.cp.api(
+            "POST",
+            f"/api/v1/namespaces/{self.ns}/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name},
+                "spec": {"selector": {"app": app}, "ports": [{"port": self.router_port}]},
+            },
+        )
 
     def add_router_pod(self, pod: str, app: str = "smg-router", args: list[str] | None = None) -> Router:
         router = self.start_router(pod, args=args)
         self.cp.make_ready_pod(self.ns, pod, {"app": app}, router.host)
         return router
 
-    def add_worker_pod(self, pod: str, labels: dict[str, str], *, extra: list[str] | None = None,
-                       annotations: dict[str, str] | None = None, host: str | None = None) -> Sim:
+    def add_worker_pod(
+        self,
+        pod: str,
+        labels: dict[str, str],
+        *,
+        extra: list[str] | None = None,
+        annotations: dict[str, str] | None = None,
+        host: str | None = None,
+    ) -> Sim:
         sim = _start_sim_at(self.logs, host or next_host(), self.worker_port, extra or [])
         self.sims[pod] = sim
         self.cp.make_ready_pod(self.ns, pod, labels, sim.host, annotations=annotations, finalizers=["smg.test/hold"])
@@ -103,19 +117,45 @@ class Env:
 
 
 def _start_sim_at(logs: Path, host: str, port: int, extra: list[str]) -> Sim:
-    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL,
-            "--time-scale", "0.05", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "smg_sim",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        "--time-scale",
+        "0.05",
+        *extra,
+    ]
     sim = Sim(name=f"sim-{host}", args=args, log_path=logs / f"sim-{host}-{port}.log", host=host, port=port)
     sim.start()
-    wait_until(lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200,
-               what=f"smg-sim {sim.url}")
+    wait_until(
+        lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200, what=f"smg-sim {sim.url}"
+    )
     assert sim.alive(), sim.log()
     return sim
 
 
-def pool(name: str, labels: dict[str, str], *, port: int, router_port: int, role: str = "regular",
-          service: str = "smg-router", **extra: object) -> str:
-    spec = {"role": role, "model": MODEL, "selector": {"matchLabels": labels}, "port": port,
-            "router": {"service": service, "port": router_port}, **extra}
-    return json.dumps({"apiVersion": "smg.dev/v1alpha1", "kind": "SMGWorker", "metadata": {"name": name},
-                       "spec": spec})
+def pool(
+    name: str,
+    labels: dict[str, str],
+    *,
+    port: int,
+    router_port: int,
+    role: str = "regular",
+    service: str = "smg-router",
+    **extra: object,
+) -> str:
+    spec = {
+        "role": role,
+        "model": MODEL,
+        "selector": {"matchLabels": labels},
+        "port": port,
+        "router": {"service": service, "port": router_port},
+        **extra,
+    }
+    return json.dumps({"apiVersion": "smg.dev/v1alpha1", "kind": "SMGWorker", "metadata": {"name": name}, "spec": spec})

@@ -15,14 +15,27 @@ Where "how soon" matters, a test counts the operator's own reconcile passes (``p
 
 
 class OperatorProcess:
-    def __init__(self, tmp: Path, kubeconfig: Path, *, admin_key: str, args: list[str] | None = None,
-                 name: str = "smg-operator") -> None:
+    def __init__(
+        self, tmp: Path, kubeconfig: Path, *, admin_key: str, args: list[str] | None = None, name: str = "smg-operator"
+    ) -> None:
         self.metrics_port = free_port()
-        env = {"KUBECONFIG": str(kubeconfig), "SMG_ADMIN_API_KEY": admin_key,
-               # never in-cluster: a stray service host would send the operator somewhere off this machine
-               "KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": ""}
-        argv = [sys.executable, "-m", "smg_operator", "--metrics-host", "127.0.0.1",
-                "--metrics-port", str(self.metrics_port), *(args or [])]
+        env = {
+            "KUBECONFIG": str(kubeconfig),
+            "SMG_ADMIN_API_KEY": admin_key,
+            # never in-cluster: a stray service host would send the operator somewhere off this machine
+            "KUBERNETES_SERVICE_HOST": "",
+            "KUBERNETES_SERVICE_PORT": "",
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "smg_operator",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            *(args or []),
+        ]
         self.proc = Proc(name=name, args=argv, log_path=tmp / f"{name}.log", env=env)
 
     @property
@@ -32,9 +45,11 @@ class OperatorProcess:
     def start(self, timeout: float = 30.0) -> OperatorProcess:
         self.proc.start()
         try:
-            wait_until(lambda: not self.proc.alive() or http_json("GET", self.metrics_url + "/healthz",
-                                                                   timeout=1)[0] == 200,
-                       timeout=timeout, what="smg-operator /healthz")
+            wait_until(
+                lambda: not self.proc.alive() or http_json("GET", self.metrics_url + "/healthz", timeout=1)[0] == 200,
+                timeout=timeout,
+                what="smg-operator /healthz",
+            )
         except AssertionError:
             self.proc.stop()
             raise
@@ -50,8 +65,9 @@ class OperatorProcess:
         """``smg_operator_reconcile_total`` over every result: the operator's own clock, in reconcile passes."""
         return int(metric_value(self.metrics(), "smg_operator_reconcile_total"))
 
-    def passes_until(self, predicate: Callable[[], bool], *, what: str, timeout: float = SETTLE,
-                     start: int | None = None) -> int:
+    def passes_until(
+        self, predicate: Callable[[], bool], *, what: str, timeout: float = SETTLE, start: int | None = None
+    ) -> int:
         """Wait for ``predicate``; the ordinal, counted from this call (or from ``start``, an earlier reading of
         ``reconcile_passes()``), of the reconcile pass that made it true (1: the pass in flight then, or the next).
 

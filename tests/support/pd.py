@@ -20,8 +20,9 @@ def start_decode(logs: Path, **kw) -> Sim:
 
 def register_pd(router: Router, prefills: list[tuple[Sim, int]], decodes: list[Sim]) -> None:
     for sim, bport in prefills:
-        status, body = router.admin("POST", "/workers", {"url": sim.url, "role": "prefill", "model_id": MODEL,
-                                                         "bootstrap_port": bport})
+        status, body = router.admin(
+            "POST", "/workers", {"url": sim.url, "role": "prefill", "model_id": MODEL, "bootstrap_port": bport}
+        )
         assert status == 201, body
     for sim in decodes:
         status, body = router.admin("POST", "/workers", {"url": sim.url, "role": "decode", "model_id": MODEL})

@@ -1,4 +1,5 @@
 """Shared builders for unit tests of policies: real metrics, a real load view, ready workers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ class RouteRequest:
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:
-    w = Worker(WorkerSpec(url=f"http://127.0.0.{n}:8000", model_id=model, role=role, labels=labels or {}),
-               CircuitBreaker(failure_threshold=3, cooldown=10))
+    w = Worker(
+        WorkerSpec(url=f"http://127.0.0.{n}:8000", model_id=model, role=role, labels=labels or {}),
+        CircuitBreaker(failure_threshold=3, cooldown=10),
+    )
     w.status = WorkerStatus.READY
     return w
 
@@ -38,5 +41,3 @@ class Env:
     def sample(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
-
-

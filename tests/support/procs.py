@@ -41,8 +41,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def http_json(method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None,
-              timeout: float = 10.0) -> tuple[int, Any]:
+def http_json(
+    method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 10.0
+) -> tuple[int, Any]:
     """A tiny blocking HTTP client for fixtures and assertions (no event loop needed)."""
     status, parsed, _ = _http(method, url, body, headers=headers, timeout=timeout)
     return status, parsed
@@ -57,11 +58,13 @@ class Served:
     worker_url: str | None
 
 
-def _http(method: str, url: str, body: Any, *, headers: dict[str, str] | None,
-          timeout: float) -> tuple[int, Any, Message]:
+def _http(
+    method: str, url: str, body: Any, *, headers: dict[str, str] | None, timeout: float
+) -> tuple[int, Any, Message]:
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
@@ -128,8 +131,9 @@ class Proc:
     def start(self) -> Proc:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         return self
 
     def alive(self) -> bool:
@@ -190,9 +194,13 @@ class Router(Proc):
 
     def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 30.0) -> Served:
         """``POST /v1/completions`` with ``prompt``: the answer and which worker served it."""
-        status, body, headers = _http("POST", self.url + "/v1/completions",
-                                      {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens},
-                                      headers=None, timeout=timeout)
+        status, body, headers = _http(
+            "POST",
+            self.url + "/v1/completions",
+            {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens},
+            headers=None,
+            timeout=timeout,
+        )
         worker = headers.get("x-smg-sim-worker")
         return Served(status, body, f"http://{worker}" if worker else None)
 
@@ -202,21 +210,45 @@ class Router(Proc):
         return found
 
     def wait_routable(self, count: int, timeout: float = 15.0) -> None:
-        wait_until(lambda: sum(w["routable"] for w in self.workers()) == count, timeout=timeout,
-                   what=f"{count} routable workers on {self.url}")
+        wait_until(
+            lambda: sum(w["routable"] for w in self.workers()) == count,
+            timeout=timeout,
+            what=f"{count} routable workers on {self.url}",
+        )
 
 
-def start_sim(tmp: Path, *, model: str = MODEL, host: str | None = None, extra: list[str] | None = None,
-              time_scale: float = 0.05, port: int | None = None) -> Sim:
+def start_sim(
+    tmp: Path,
+    *,
+    model: str = MODEL,
+    host: str | None = None,
+    extra: list[str] | None = None,
+    time_scale: float = 0.05,
+    port: int | None = None,
+) -> Sim:
     host = host or next_host()
     port = port or free_port(host)
-    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", model,
-            "--time-scale", str(time_scale), *(extra or [])]
+    args = [
+        sys.executable,
+        "-m",
+        "smg_sim",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--time-scale",
+        str(time_scale),
+        *(extra or []),
+    ]
     sim = Sim(name=f"sim-{host}-{port}", args=args, log_path=tmp / f"sim-{host}-{port}.log", host=host, port=port)
     sim.start()
     try:
-        wait_until(lambda: http_json("GET", sim.url + "/health", timeout=1)[0] == 200 or not sim.alive(),
-                   what=f"smg-sim {sim.url}")
+        wait_until(
+            lambda: http_json("GET", sim.url + "/health", timeout=1)[0] == 200 or not sim.alive(),
+            what=f"smg-sim {sim.url}",
+        )
     except AssertionError:
         sim.stop()
         raise
@@ -224,23 +256,52 @@ def start_sim(tmp: Path, *, model: str = MODEL, host: str | None = None, extra: 
     return sim
 
 
-def start_router(tmp: Path, *, workers: list[str] | tuple[str, ...] = (), args: list[str] | None = None,
-                 env: dict[str, str] | None = None, admin_key: str | None = None, port: int | None = None,
-                 host: str = "127.0.0.1") -> Router:
+def start_router(
+    tmp: Path,
+    *,
+    workers: list[str] | tuple[str, ...] = (),
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    admin_key: str | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+) -> Router:
     port = port or free_port(host)
-    argv = [sys.executable, "-m", "smg_router", "--host", host, "--port", str(port),
-            "--health-check-interval", "0.3", "--load-monitor-interval", "0.2",
-            "--shutdown-delay", "0", *(args or [])]  # no endpoints to drain from here; a test may set its own
+    argv = [
+        sys.executable,
+        "-m",
+        "smg_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--health-check-interval",
+        "0.3",
+        "--load-monitor-interval",
+        "0.2",
+        "--shutdown-delay",
+        "0",
+        *(args or []),
+    ]  # no endpoints to drain from here; a test may set its own
     if workers:
         argv += ["--worker-urls", *workers]
     if admin_key:
         argv += ["--admin-api-key", admin_key]
-    router = Router(name=f"router-{host}-{port}", args=argv, log_path=tmp / f"router-{host}-{port}.log",
-                    env=env or {}, host=host, port=port, admin_key=admin_key)
+    router = Router(
+        name=f"router-{host}-{port}",
+        args=argv,
+        log_path=tmp / f"router-{host}-{port}.log",
+        env=env or {},
+        host=host,
+        port=port,
+        admin_key=admin_key,
+    )
     router.start()
     try:
-        wait_until(lambda: http_json("GET", router.url + "/liveness", timeout=1)[0] == 200 or not router.alive(),
-                   what=f"smg-router {router.url}")
+        wait_until(
+            lambda: http_json("GET", router.url + "/liveness", timeout=1)[0] == 200 or not router.alive(),
+            what=f"smg-router {router.url}",
+        )
     except AssertionError:
         router.stop()
         raise

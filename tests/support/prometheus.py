@@ -64,12 +64,20 @@ class Prometheus:
         self.proc.stop()
 
 
-def start_prometheus(tmp: Path, scrape_configs: list[dict[str, Any]], *, scrape_interval: str = "1s",
-                     rule_files: list[Path] | None = None) -> Prometheus:
+def start_prometheus(
+    tmp: Path,
+    scrape_configs: list[dict[str, Any]],
+    *,
+    scrape_interval: str = "1s",
+    rule_files: list[Path] | None = None,
+) -> Prometheus:
     assert Path(PROMETHEUS).exists(), MISSING
     config = {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
-                   "scrape_timeout": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "evaluation_interval": scrape_interval,
+            "scrape_timeout": scrape_interval,
+        },
         "scrape_configs": scrape_configs,
     }
     if rule_files:
@@ -78,8 +86,14 @@ def start_prometheus(tmp: Path, scrape_configs: list[dict[str, Any]], *, scrape_
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     storage = tmp / "prometheus-data"
-    args = [PROMETHEUS, f"--config.file={config_file}", f"--storage.tsdb.path={storage}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1h"]
+    args = [
+        PROMETHEUS,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={storage}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+        "--storage.tsdb.retention.time=1h",
+    ]
     proc = Proc(name=f"prometheus-{port}", args=args, log_path=tmp / "prometheus.log").start()
     prom = Prometheus(proc=proc, url=f"http://127.0.0.1:{port}")
 
@@ -107,8 +121,24 @@ def promtool_check_rules(path: Path) -> subprocess.CompletedProcess[str]:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _WORD = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(\s*\()?")
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or",
-             "unless", "atan2", "inf", "nan", "start", "end"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+    "unless",
+    "atan2",
+    "inf",
+    "nan",
+    "start",
+    "end",
+}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -23,16 +23,30 @@ from smg_router.workers.worker import Worker, WorkerSpec
 
 
 class Fleet:
-    def __init__(self, *, settings: Settings, registry: WorkerRegistry, policies: PolicyRegistry, loads: LoadView,
-                 metrics: Metrics) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: WorkerRegistry,
+        policies: PolicyRegistry,
+        loads: LoadView,
+        metrics: Metrics,
+    ) -> None:
         self.registry = registry
-        self.lifecycle = Lifecycle(registry=registry, policies=policies, loads=loads, metrics=metrics,
-                                   retry=settings.retry)
+        self.lifecycle = Lifecycle(
+            registry=registry, policies=policies, loads=loads, metrics=metrics, retry=settings.retry
+        )
         self.health_probes = ProbeClient()
         self.load_probes = ProbeClient()
         self.health = HealthChecker(probes=self.health_probes, lifecycle=self.lifecycle, settings=settings.health)
-        self.load_monitor = LoadMonitor(probes=self.load_probes, registry=registry, policies=policies, loads=loads,
-                                        metrics=metrics, settings=settings.load)
+        self.load_monitor = LoadMonitor(
+            probes=self.load_probes,
+            registry=registry,
+            policies=policies,
+            loads=loads,
+            metrics=metrics,
+            settings=settings.load,
+        )
 
     async def start(self) -> None:
         await self.health_probes.start()

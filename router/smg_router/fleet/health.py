@@ -75,8 +75,10 @@ class HealthChecker:
         if ok:
             worker.health_failures = 0
             worker.health_successes += 1
-            if worker.status in (WorkerStatus.PENDING, WorkerStatus.NOT_READY) and \
-                    worker.health_successes >= s.success_threshold:
+            if (
+                worker.status in (WorkerStatus.PENDING, WorkerStatus.NOT_READY)
+                and worker.health_successes >= s.success_threshold
+            ):
                 if worker.model_id is None:
                     await self._discover_model(worker)
                 lc.set_status(worker, WorkerStatus.READY)

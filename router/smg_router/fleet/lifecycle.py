@@ -26,8 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, loads: LoadView,
-                 metrics: Metrics, retry: RetrySettings) -> None:
+    def __init__(
+        self,
+        *,
+        registry: WorkerRegistry,
+        policies: PolicyRegistry,
+        loads: LoadView,
+        metrics: Metrics,
+        retry: RetrySettings,
+    ) -> None:
         self.registry = registry
         self.policies = policies
         self.loads = loads
@@ -40,10 +47,17 @@ class Lifecycle:
         if existing is not None:
             if existing.spec == spec or (spec.model_id is None and _same_but_model(existing.spec, spec)):
                 return existing, False
-            raise Conflict(f"worker {spec.url} is already registered with another spec (id {existing.id}); "
-                           "use PUT or PATCH /workers/{id} to change it", code="worker_exists")
-        worker = Worker(spec, CircuitBreaker(failure_threshold=self._retry.breaker_failure_threshold,
-                                             cooldown=self._retry.breaker_cooldown))
+            raise Conflict(
+                f"worker {spec.url} is already registered with another spec (id {existing.id}); "
+                "use PUT or PATCH /workers/{id} to change it",
+                code="worker_exists",
+            )
+        worker = Worker(
+            spec,
+            CircuitBreaker(
+                failure_threshold=self._retry.breaker_failure_threshold, cooldown=self._retry.breaker_cooldown
+            ),
+        )
         self.registry.add(worker)
         self._changed(worker, "added")
         log.info("worker added: %s role=%s model=%s", spec.url, spec.role, spec.model_id)
@@ -51,8 +65,9 @@ class Lifecycle:
 
     def update(self, worker: Worker, spec: WorkerSpec) -> Worker:
         if spec.url != worker.url:
-            raise BadRequest("url: cannot change a worker's URL; register the new URL and delete this one",
-                             code="invalid_field")
+            raise BadRequest(
+                "url: cannot change a worker's URL; register the new URL and delete this one", code="invalid_field"
+            )
         if spec == worker.spec:
             return worker
         old_role = worker.role
@@ -106,4 +121,10 @@ class Lifecycle:
 def _same_but_model(a: WorkerSpec, b: WorkerSpec) -> bool:
     """A re-registration without model_id matches a worker whose model was discovered."""
     return (a.url, a.role, a.bootstrap_port, a.labels, a.priority, a.owner) == (
-        b.url, b.role, b.bootstrap_port, b.labels, b.priority, b.owner)
+        b.url,
+        b.role,
+        b.bootstrap_port,
+        b.labels,
+        b.priority,
+        b.owner,
+    )

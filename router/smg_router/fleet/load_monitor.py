@@ -36,11 +36,18 @@ MAX_BACKLOG = 10**9
 """More running + waiting requests than any engine holds: a report above it is garbage, not a load to route on."""
 
 # Prometheus gauges whose sum is a worker's running + waiting requests.
-BACKLOG_GAUGES = frozenset({
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang_num_running_reqs", "sglang_num_queue_reqs",
-    "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "llamacpp:requests_processing", "llamacpp:requests_deferred",
-})
+BACKLOG_GAUGES = frozenset(
+    {
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang_num_running_reqs",
+        "sglang_num_queue_reqs",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+    }
+)
 
 
 def _count(value: object, what: str) -> float:
@@ -88,7 +95,7 @@ def parse_metrics(text: str) -> int:
         brace = line.find("{")
         if brace >= 0:
             name = line[:brace]
-            rest = line[line.rfind("}") + 1:]
+            rest = line[line.rfind("}") + 1 :]
         else:
             name, _, rest = line.partition(" ")
         if name in BACKLOG_GAUGES:
@@ -113,8 +120,16 @@ class LoadMonitor:
     ours) is counted in ``smg_worker_poll_errors_total`` and logged once per change of state of the worker.
     """
 
-    def __init__(self, *, probes: ProbeClient, registry: WorkerRegistry, policies: PolicyRegistry,
-                 loads: LoadView, metrics: Metrics, settings: LoadSettings) -> None:
+    def __init__(
+        self,
+        *,
+        probes: ProbeClient,
+        registry: WorkerRegistry,
+        policies: PolicyRegistry,
+        loads: LoadView,
+        metrics: Metrics,
+        settings: LoadSettings,
+    ) -> None:
         self._probes = probes
         self._registry = registry
         self._policies = policies
@@ -146,8 +161,9 @@ class LoadMonitor:
 
     def start_round(self) -> list[asyncio.Task[None]]:
         """Start a poll of every polled worker that has none running; the tasks of the round, to wait on or not."""
-        workers = [w for w in self._registry
-                   if w.status in (WorkerStatus.READY, WorkerStatus.DRAINING, WorkerStatus.NOT_READY)]
+        workers = [
+            w for w in self._registry if w.status in (WorkerStatus.READY, WorkerStatus.DRAINING, WorkerStatus.NOT_READY)
+        ]
         polled = {w.id for w in workers}
         for table in (self._source, self._failing):
             for stale in set(table) - polled:
@@ -184,8 +200,14 @@ class LoadMonitor:
             self._metrics.worker_poll_errors.labels(worker.url, kind).inc()
             if self._failing.get(worker.id) != kind:
                 self._failing[worker.id] = kind
-                log.log(logging.ERROR if error else logging.WARNING, "worker %s load poll failing: %s (%s)",
-                        worker.url, kind, detail[:200], exc_info=error)
+                log.log(
+                    logging.ERROR if error else logging.WARNING,
+                    "worker %s load poll failing: %s (%s)",
+                    worker.url,
+                    kind,
+                    detail[:200],
+                    exc_info=error,
+                )
         return None
 
     async def _read(self, worker: Worker) -> int:

@@ -24,8 +24,7 @@ assert set(POLICIES) == set(POLICY_NAMES), "policy_names.POLICY_NAMES must list 
 
 
 class PolicyFactory:
-    def __init__(self, *, settings: PolicySettings, loads: LoadView, metrics: Metrics,
-                 seed: int | None = None) -> None:
+    def __init__(self, *, settings: PolicySettings, loads: LoadView, metrics: Metrics, seed: int | None = None) -> None:
         self._settings = settings
         self._loads = loads
         self._metrics = metrics
@@ -33,6 +32,5 @@ class PolicyFactory:
 
     def create(self, name: str, *, role: str) -> Policy:
         cls = POLICIES[canonical_name(name)]
-        ctx = PolicyContext(settings=self._settings, loads=self._loads, metrics=self._metrics, role=role,
-                            rng=self._rng)
+        ctx = PolicyContext(settings=self._settings, loads=self._loads, metrics=self._metrics, role=role, rng=self._rng)
         return cls(ctx)

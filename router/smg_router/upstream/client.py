@@ -18,12 +18,26 @@ class Upstream:
     between two pieces of a response body; ``total_timeout``: the whole response.  Both transports raise
     ``TimeoutError`` past any of them (DESIGN 6.1)."""
 
-    def __init__(self, *, connect_timeout: float, total_timeout: float, first_byte_timeout: float | None = None,
-                 stream_idle_timeout: float | None = None) -> None:
-        self._lean = LeanUpstream(connect_timeout=connect_timeout, total_timeout=total_timeout,
-                                  first_byte_timeout=first_byte_timeout, stream_idle_timeout=stream_idle_timeout)
-        self._tls = SessionUpstream(connect_timeout=connect_timeout, total_timeout=total_timeout,
-                                    first_byte_timeout=first_byte_timeout, stream_idle_timeout=stream_idle_timeout)
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        total_timeout: float,
+        first_byte_timeout: float | None = None,
+        stream_idle_timeout: float | None = None,
+    ) -> None:
+        self._lean = LeanUpstream(
+            connect_timeout=connect_timeout,
+            total_timeout=total_timeout,
+            first_byte_timeout=first_byte_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+        )
+        self._tls = SessionUpstream(
+            connect_timeout=connect_timeout,
+            total_timeout=total_timeout,
+            first_byte_timeout=first_byte_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+        )
 
     async def start(self) -> None:
         await self._lean.start()

@@ -307,8 +307,14 @@ class LeanUpstream:
     between body bytes; ``total_timeout``: the whole response.  None leaves a bound to the total one.
     """
 
-    def __init__(self, *, connect_timeout: float, total_timeout: float, first_byte_timeout: float | None = None,
-                 stream_idle_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        total_timeout: float,
+        first_byte_timeout: float | None = None,
+        stream_idle_timeout: float | None = None,
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._timeouts = _Timeouts(total=total_timeout, first_byte=first_byte_timeout, idle=stream_idle_timeout)
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
@@ -351,8 +357,9 @@ class LeanUpstream:
     async def _connect(self, key: tuple[str, int]) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Conn(key, self._timeouts), *key),
-                                             self._connect_timeout)
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(key, self._timeouts), *key), self._connect_timeout
+            )
         except (OSError, TimeoutError) as e:
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {str(e) or type(e).__name__}") from None
         return conn

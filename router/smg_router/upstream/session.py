@@ -34,8 +34,11 @@ class SessionResponse:
             async with idle:
                 return await self._resp.content.readany()
         except TimeoutError:  # ours, or the session's total deadline
-            raise TimeoutError(f"the worker sent nothing for {self._idle:g} s in the middle of its response"
-                               if idle.expired() else "the worker did not finish in time") from None
+            raise TimeoutError(
+                f"the worker sent nothing for {self._idle:g} s in the middle of its response"
+                if idle.expired()
+                else "the worker did not finish in time"
+            ) from None
         except aiohttp.ClientError as e:
             raise ConnectionResetError(f"the worker broke off its response: {type(e).__name__}: {e}") from e
 
@@ -62,8 +65,14 @@ class SessionResponse:
 class SessionUpstream:
     """``first_byte_timeout`` bounds connect + request + response headers; the others as in ``lean``."""
 
-    def __init__(self, *, connect_timeout: float, total_timeout: float, first_byte_timeout: float | None = None,
-                 stream_idle_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        total_timeout: float,
+        first_byte_timeout: float | None = None,
+        stream_idle_timeout: float | None = None,
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(total=total_timeout, sock_connect=connect_timeout)
         self._first_byte = first_byte_timeout
         self._idle = stream_idle_timeout
@@ -71,8 +80,9 @@ class SessionUpstream:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
-                                              auto_decompress=False, skip_auto_headers=("User-Agent",))
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -89,8 +99,11 @@ class SessionUpstream:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # a connect timeout included
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
         except TimeoutError:  # ours or the session's total deadline; before OSError, whose subclass it is
-            raise TimeoutError(f"no response headers from the worker within {self._first_byte:g} s"
-                               if first_byte.expired() else "the worker did not finish in time") from None
+            raise TimeoutError(
+                f"no response headers from the worker within {self._first_byte:g} s"
+                if first_byte.expired()
+                else "the worker did not finish in time"
+            ) from None
         except OSError as e:
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
         return SessionResponse(resp, self._idle)

@@ -28,8 +28,7 @@ class CircuitBreaker:
 
     __slots__ = ("_clock", "_failures", "_opened_at", "_trial", "cooldown", "failure_threshold")
 
-    def __init__(self, *, failure_threshold: int, cooldown: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, failure_threshold: int, cooldown: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failure_threshold = failure_threshold
         self.cooldown = cooldown
         self._clock = clock

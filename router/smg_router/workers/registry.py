@@ -39,8 +39,11 @@ class WorkerRegistry:
 
     def serving(self, role: str, model: str | None) -> list[Worker]:
         """Workers of a role that serve ``model`` (a worker of unknown model serves any)."""
-        return [w for w in self._by_id.values()
-                if w.role == role and (model is None or w.model_id is None or w.model_id == model)]
+        return [
+            w
+            for w in self._by_id.values()
+            if w.role == role and (model is None or w.model_id is None or w.model_id == model)
+        ]
 
     def models(self) -> set[str]:
         return {w.model_id for w in self._by_id.values() if w.model_id is not None}

@@ -76,10 +76,19 @@ class WorkerSpec:
         unknown = sorted(set(data) - known - {"draining"})
         if unknown:
             raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
-        cur: dict[str, Any] = {} if base is None else {
-            "url": base.url, "role": base.role, "model_id": base.model_id, "bootstrap_port": base.bootstrap_port,
-            "labels": base.labels, "priority": base.priority, "owner": base.owner,
-        }
+        cur: dict[str, Any] = (
+            {}
+            if base is None
+            else {
+                "url": base.url,
+                "role": base.role,
+                "model_id": base.model_id,
+                "bootstrap_port": base.bootstrap_port,
+                "labels": base.labels,
+                "priority": base.priority,
+                "owner": base.owner,
+            }
+        )
         cur.update({k: v for k, v in data.items() if k in known})
         url = normalize_url(cur.get("url"))
         # only null (or leaving a field out) means its default: false, 0, [] or "" are wrong values, not absent ones
@@ -93,8 +102,9 @@ class WorkerSpec:
         if bport is not None and (not isinstance(bport, int) or isinstance(bport, bool) or not 0 < bport < 65536):
             raise SpecError("bootstrap_port", "must be an integer port between 1 and 65535")
         labels = {} if cur.get("labels") is None else cur["labels"]
-        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                   for k, v in labels.items()):
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
             raise SpecError("labels", "must be an object of string keys and string values")
         priority = cur.get("priority", 50)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -102,15 +112,21 @@ class WorkerSpec:
         owner = "user" if cur.get("owner") in (None, "") else cur["owner"]
         if not isinstance(owner, str):
             raise SpecError("owner", "must be a string")
-        return cls(url=url, role=role, model_id=model_id, bootstrap_port=bport, labels=dict(labels),
-                   priority=priority, owner=owner)
+        return cls(
+            url=url,
+            role=role,
+            model_id=model_id,
+            bootstrap_port=bport,
+            labels=dict(labels),
+            priority=priority,
+            owner=owner,
+        )
 
 
 class Worker:
     """A registered worker and its run-time state.  The registry owns it; policies only read it."""
 
-    __slots__ = ("breaker", "health_failures", "health_successes", "id", "inflight", "processed",
-                 "spec", "status")
+    __slots__ = ("breaker", "health_failures", "health_successes", "id", "inflight", "processed", "spec", "status")
 
     def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
         self.spec = spec
@@ -146,9 +162,16 @@ class Worker:
     def to_json(self, backend_load: int | None = None) -> dict[str, Any]:
         s = self.spec
         return {
-            "id": self.id, "url": s.url, "role": s.role, "model_id": s.model_id,
-            "bootstrap_port": s.bootstrap_port, "labels": s.labels, "priority": s.priority,
-            "owner": s.owner, "status": self.status.value, "routable": self.routable,
+            "id": self.id,
+            "url": s.url,
+            "role": s.role,
+            "model_id": s.model_id,
+            "bootstrap_port": s.bootstrap_port,
+            "labels": s.labels,
+            "priority": s.priority,
+            "owner": s.owner,
+            "status": self.status.value,
+            "routable": self.routable,
             "breaker": self.breaker.state.value,
             "load": {"inflight": self.inflight, "backend": backend_load, "processed": self.processed},
         }

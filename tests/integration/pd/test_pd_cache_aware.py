@@ -18,8 +18,10 @@ def _chat(router: Router, prefix: str, n: int, start: int = 0) -> None:
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
     for i in range(start, start + n):
         reply = client.chat.completions.create(
-            model=MODEL, max_tokens=3,
-            messages=[{"role": "system", "content": prefix}, {"role": "user", "content": f"question {i}"}])
+            model=MODEL,
+            max_tokens=3,
+            messages=[{"role": "system", "content": prefix}, {"role": "user", "content": f"question {i}"}],
+        )
         assert reply.choices[0].message.content
 
 
@@ -27,8 +29,7 @@ def _hits(router: Router, role: str) -> float:
     return metric_value(router.metrics(), "smg_cache_tree_hits_total", model=MODEL, role=role)
 
 
-def test_pd_cache_aware_shared_prefix_reaches_one_prefill_and_one_decode_worker(pd_router: Router,
-                                                                                 pd_fleet) -> None:
+def test_pd_cache_aware_shared_prefix_reaches_one_prefill_and_one_decode_worker(pd_router: Router, pd_fleet) -> None:
     prefills, decodes = pd_fleet
     assert http_json("GET", pd_router.url + "/readiness")[0] == 503  # nothing registered yet
     register_pd(pd_router, prefills, decodes)
@@ -85,8 +86,9 @@ def test_pd_cache_aware_survives_update_removal_and_readd(pd_router: Router, pd_
 
     # re-adding works, and nothing ever fell back for a missing tree
     sim, bport = next((s, b) for s, b in prefills if s.url == holder_url)
-    status, again = pd_router.admin("POST", "/workers", {"url": sim.url, "role": "prefill", "model_id": MODEL,
-                                                          "bootstrap_port": bport})
+    status, again = pd_router.admin(
+        "POST", "/workers", {"url": sim.url, "role": "prefill", "model_id": MODEL, "bootstrap_port": bport}
+    )
     assert status == 201 and again["status"] == "ready"
     _chat(pd_router, f"{uuid.uuid4()} fresh " * 20, 2)
     text = pd_router.metrics()

@@ -18,8 +18,11 @@ def test_pd_stream_returns_the_decode_workers_tokens(pd_router: Router, pd_fleet
     pd_router.wait_routable(4)
     client = openai.OpenAI(base_url=pd_router.url + "/v1", api_key="none", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, max_tokens=6, stream=True,
-        messages=[{"role": "user", "content": f"{uuid.uuid4()} stream me " * 10}])
+        model=MODEL,
+        max_tokens=6,
+        stream=True,
+        messages=[{"role": "user", "content": f"{uuid.uuid4()} stream me " * 10}],
+    )
     served_by = raw.headers["x-smg-sim-worker"]
     assert served_by in {d.url.removeprefix("http://") for d in decodes}, served_by
     pieces = [c.choices[0].delta.content or "" for c in raw.parse() if c.choices]
@@ -27,8 +30,9 @@ def test_pd_stream_returns_the_decode_workers_tokens(pd_router: Router, pd_fleet
     # completions and /generate batch go through the same dual dispatch
     out = client.completions.create(model=MODEL, prompt=["first item", "second item"], max_tokens=2)
     assert len(out.choices) == 2
-    status, body = http_json("POST", pd_router.url + "/generate",
-                             {"text": ["a b c", "d e f"], "sampling_params": {"max_new_tokens": 2}})
+    status, body = http_json(
+        "POST", pd_router.url + "/generate", {"text": ["a b c", "d e f"], "sampling_params": {"max_new_tokens": 2}}
+    )
     assert status == 200 and len(body) == 2, body
     assert metric_value(pd_router.metrics(), "smg_pd_requests_total", status="success") == 3
 
@@ -37,23 +41,27 @@ def test_killing_the_prefill_worker_mid_request_is_a_502_and_frees_the_decode_le
     # a slow prefill (50 uncached tokens/s in real time) leaves time to kill it mid-request
     prefill, bport = start_prefill(logs, time_scale=1.0, extra=["--prefill-tps", "50"])
     decode = start_decode(logs, time_scale=1.0)
-    r = start_router(logs, args=["--pd-disaggregation", "--prefill", prefill.url, str(bport),
-                                 "--decode", decode.url])
+    r = start_router(logs, args=["--pd-disaggregation", "--prefill", prefill.url, str(bport), "--decode", decode.url])
     try:
         r.wait_routable(2)
         result: dict[str, object] = {}
 
         def call() -> None:
-            result["answer"] = http_json("POST", r.url + "/v1/completions",
-                                         {"model": MODEL, "prompt": "p" * 500, "max_tokens": 5, "stream": True},
-                                         timeout=30)
+            result["answer"] = http_json(
+                "POST",
+                r.url + "/v1/completions",
+                {"model": MODEL, "prompt": "p" * 500, "max_tokens": 5, "stream": True},
+                timeout=30,
+            )
             result["answered_at"] = time.monotonic()
 
         t = threading.Thread(target=call)
         t.start()
         wait_until(lambda: all(w["load"]["inflight"] == 1 for w in r.workers()), what="both legs in flight")
-        wait_until(lambda: http_json("GET", prefill.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 1,
-                   what="the prefill worker to be prefilling the request")  # 500 tokens at 50/s: 10 s
+        wait_until(
+            lambda: http_json("GET", prefill.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 1,
+            what="the prefill worker to be prefilling the request",
+        )  # 500 tokens at 50/s: 10 s
         prefill.kill()
         killed_at = time.monotonic()
         t.join(timeout=20)
@@ -64,9 +72,13 @@ def test_killing_the_prefill_worker_mid_request_is_a_502_and_frees_the_decode_le
         # answered on the prefill's death, not after the decode side's 10 s bootstrap timeout
         assert result["answered_at"] - killed_at < 10
         # no hung decode leg: the decode worker has nothing running or waiting, the router nothing in flight
-        wait_until(lambda: http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0
-                   and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0,
-                   what="the decode worker to drop the request")
+        wait_until(
+            lambda: (
+                http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0
+                and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0
+            ),
+            what="the decode worker to drop the request",
+        )
         assert all(w["load"]["inflight"] == 0 for w in r.workers())
         assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
         assert http_json("GET", r.url + "/liveness")[0] == 200
@@ -78,17 +90,24 @@ def test_killing_the_prefill_worker_mid_request_is_a_502_and_frees_the_decode_le
 
 def test_pd_flags_register_workers_and_env_works(logs: Path, pd_fleet) -> None:
     prefills, decodes = pd_fleet
-    env = {"SMG_PD_DISAGGREGATION": "true",
-           "SMG_PREFILL": ", ".join(f"{s.url} {b}" for s, b in prefills),
-           "SMG_DECODE": ",".join(d.url for d in decodes), "SMG_PREFILL_POLICY": "round_robin"}
+    env = {
+        "SMG_PD_DISAGGREGATION": "true",
+        "SMG_PREFILL": ", ".join(f"{s.url} {b}" for s, b in prefills),
+        "SMG_DECODE": ",".join(d.url for d in decodes),
+        "SMG_PREFILL_POLICY": "round_robin",
+    }
     r = start_router(logs, env=env)
     try:
         r.wait_routable(4)
         ports = {w["url"]: w["bootstrap_port"] for w in r.workers() if w["role"] == "prefill"}
         assert ports == {s.url: b for s, b in prefills}
         for _ in range(4):
-            assert http_json("POST", r.url + "/v1/completions",
-                             {"model": MODEL, "prompt": "same prompt " * 20, "max_tokens": 1})[0] == 200
+            assert (
+                http_json(
+                    "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "same prompt " * 20, "max_tokens": 1}
+                )[0]
+                == 200
+            )
         pre = [w["load"]["processed"] for w in r.workers() if w["role"] == "prefill"]
         dec = [w["load"]["processed"] for w in r.workers() if w["role"] == "decode"]
         assert pre == [2, 2]  # round robin on the prefill slot

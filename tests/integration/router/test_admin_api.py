@@ -47,8 +47,9 @@ def test_delete_drains_removes_the_tenant_and_stops_routing(logs: Path) -> None:
     try:
         r.wait_routable(2)
         prefix = f"{uuid.uuid4()} shared context " * 30
-        status, _ = http_json("POST", r.url + "/v1/completions",
-                              {"model": MODEL, "prompt": prefix + "a", "max_tokens": 1})
+        status, _ = http_json(
+            "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": prefix + "a", "max_tokens": 1}
+        )
         assert status == 200
         victim = next(w for w in r.workers() if w["load"]["processed"] == 1)
         text = r.metrics()
@@ -57,13 +58,19 @@ def test_delete_drains_removes_the_tenant_and_stops_routing(logs: Path) -> None:
         result: dict[str, object] = {}
 
         def long_request() -> None:
-            result["answer"] = http_json("POST", r.url + "/v1/completions",
-                                         {"model": MODEL, "prompt": prefix + "b", "max_tokens": 60}, timeout=30)
+            result["answer"] = http_json(
+                "POST",
+                r.url + "/v1/completions",
+                {"model": MODEL, "prompt": prefix + "b", "max_tokens": 60},
+                timeout=30,
+            )
 
         t = threading.Thread(target=long_request)
         t.start()
-        wait_until(lambda: next(w for w in r.workers() if w["id"] == victim["id"])["load"]["inflight"] == 1,
-                   what="request in flight on the victim")
+        wait_until(
+            lambda: next(w for w in r.workers() if w["id"] == victim["id"])["load"]["inflight"] == 1,
+            what="request in flight on the victim",
+        )
         status, removed = r.admin("DELETE", f"/workers/{victim['id']}")
         t.join()
         assert status == 200 and removed["drained"] is True, removed
@@ -74,8 +81,9 @@ def test_delete_drains_removes_the_tenant_and_stops_routing(logs: Path) -> None:
         assert f'worker="{victim["url"]}"' not in text
         survivor = r.workers()[0]
         for i in range(5):
-            status, _ = http_json("POST", r.url + "/v1/completions",
-                                  {"model": MODEL, "prompt": prefix + str(i), "max_tokens": 1})
+            status, _ = http_json(
+                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": prefix + str(i), "max_tokens": 1}
+            )
             assert status == 200
         assert next(w for w in r.workers() if w["id"] == survivor["id"])["load"]["processed"] >= 5
         victim_sim = next(s for s in sims if s.url == victim["url"])
@@ -92,8 +100,10 @@ def test_worker_given_by_env_and_model_discovered(logs: Path, fleet: list[Sim]) 
     try:
         r.wait_routable(2)
         assert {w["model_id"] for w in r.workers()} == {MODEL}
-        served = [http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "same", "max_tokens": 1})
-                  for _ in range(4)]
+        served = [
+            http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "same", "max_tokens": 1})
+            for _ in range(4)
+        ]
         assert all(s == 200 for s, _ in served)
         assert [w["load"]["processed"] for w in r.workers()] == [2, 2]  # round robin, not cache-aware
     finally:

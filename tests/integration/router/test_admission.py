@@ -30,8 +30,7 @@ async def test_over_the_concurrency_limit_is_503_with_retry_after_and_counted(lo
     try:
         await asyncio.to_thread(r.wait_routable, 1)
         async with aiohttp.ClientSession() as s:
-            slow = [asyncio.ensure_future(_post(s, r.url, prompt=f"{uuid.uuid4()}", max_tokens=120))
-                    for _ in range(4)]
+            slow = [asyncio.ensure_future(_post(s, r.url, prompt=f"{uuid.uuid4()}", max_tokens=120)) for _ in range(4)]
             await asyncio.to_thread(wait_until, lambda: _inflight(r) == 4, what="4 requests in flight")
             status, body, retry_after = await _post(s, r.url, prompt="one too many", max_tokens=1)
             assert status == 503 and body["error"]["code"] == "overloaded", body
@@ -47,13 +46,14 @@ async def test_over_the_concurrency_limit_is_503_with_retry_after_and_counted(lo
 
 async def test_body_bytes_in_flight_are_bounded_and_oversized_bodies_are_413(logs: Path) -> None:
     sim = start_sim(logs, time_scale=1.0)
-    r = start_router(logs, workers=[sim.url],
-                     args=["--max-payload-size", "10000", "--max-inflight-bytes", "20000"])
+    r = start_router(logs, workers=[sim.url], args=["--max-payload-size", "10000", "--max-inflight-bytes", "20000"])
     try:
         await asyncio.to_thread(r.wait_routable, 1)
         async with aiohttp.ClientSession() as s:
-            big = [asyncio.ensure_future(_post(s, r.url, prompt=f"{uuid.uuid4()}" + "x" * 9000, max_tokens=120))
-                   for _ in range(2)]
+            big = [
+                asyncio.ensure_future(_post(s, r.url, prompt=f"{uuid.uuid4()}" + "x" * 9000, max_tokens=120))
+                for _ in range(2)
+            ]
             await asyncio.to_thread(wait_until, lambda: _inflight(r) == 2, what="2 large requests in flight")
             status, body, retry_after = await _post(s, r.url, prompt="y" * 9000, max_tokens=1)
             assert status == 503 and body["error"]["code"] == "overloaded" and retry_after == "1", body

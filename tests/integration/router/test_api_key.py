@@ -32,9 +32,17 @@ class RecordingWorker:
         async def chat(request: web.Request) -> web.Response:
             await request.read()
             self.authorization.append(request.headers.get("Authorization"))
-            return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
-                                      "choices": [{"index": 0, "finish_reason": "stop",
-                                                   "message": {"role": "assistant", "content": "hi"}}]})
+            return web.json_response(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": MODEL,
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+                    ],
+                }
+            )
 
         app = web.Application()
         app.router.add_get("/health", health)
@@ -75,8 +83,12 @@ async def test_the_data_plane_needs_the_api_key_and_workers_never_see_it(logs: P
                 status, _ = await asyncio.to_thread(http_json, "GET", r.url + path)
                 assert status == 200, path
             status, _ = await asyncio.to_thread(
-                http_json, "POST", r.url + "/workers", {"url": "http://127.0.0.95:8000"},
-                headers={"Authorization": f"Bearer {API_KEY}"})
+                http_json,
+                "POST",
+                r.url + "/workers",
+                {"url": "http://127.0.0.95:8000"},
+                headers={"Authorization": f"Bearer {API_KEY}"},
+            )
             assert status == 401  # the data-plane key is not the admin key
         finally:
             r.stop()

@@ -29,8 +29,9 @@ async def test_backlog_on_a_worker_makes_new_requests_go_to_the_least_loaded(log
             # Someone else (another router, a direct client) floods the holder: 30 long requests.
             async def hog() -> None:
                 with contextlib.suppress(aiohttp.ClientError, asyncio.CancelledError):
-                    async with s.post(holder["url"] + "/v1/completions",
-                                      json={"model": MODEL, "prompt": "hog", "max_tokens": 2000}) as resp:
+                    async with s.post(
+                        holder["url"] + "/v1/completions", json={"model": MODEL, "prompt": "hog", "max_tokens": 2000}
+                    ) as resp:
                         await resp.read()
 
             flood = [asyncio.create_task(hog()) for _ in range(30)]
@@ -45,8 +46,14 @@ async def test_backlog_on_a_worker_makes_new_requests_go_to_the_least_loaded(log
                 async with s.post(r.url + "/v1/completions", json=body) as resp:
                     assert resp.status == 200
                     assert resp.headers["x-smg-worker-id"] == other["id"]
-            after = metric_value(r.metrics(), "smg_routing_fallbacks_total", reason="imbalance", model=MODEL,
-                                 role="regular", policy="cache_aware")
+            after = metric_value(
+                r.metrics(),
+                "smg_routing_fallbacks_total",
+                reason="imbalance",
+                model=MODEL,
+                role="regular",
+                policy="cache_aware",
+            )
             assert after - before == 4
             # the router itself has nothing in flight on the holder: the decision came from the backlog
             assert next(w for w in r.workers() if w["id"] == holder_id)["load"]["inflight"] == 0

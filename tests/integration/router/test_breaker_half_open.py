@@ -26,8 +26,14 @@ class FlakyWorker:
         if self.failing:
             await asyncio.sleep(0.5)  # the trial stays in flight while other requests arrive
             return web.json_response({"error": {"message": "boom"}}, status=self.status)
-        return web.json_response({"id": "x", "object": "text_completion", "model": MODEL,
-                                  "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}]})
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "text_completion",
+                "model": MODEL,
+                "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+            }
+        )
 
     @contextlib.asynccontextmanager
     async def serving(self, host: str) -> AsyncIterator[str]:
@@ -72,9 +78,20 @@ async def test_half_open_admits_exactly_one_trial_and_its_outcome_decides(logs: 
     flaky = FlakyWorker()
     good = start_sim(logs)
     async with flaky.serving("127.0.0.93") as bad_url:
-        r = start_router(logs, workers=[good.url, bad_url],
-                         args=["--policy", "round_robin", "--breaker-failure-threshold", "2",
-                               "--breaker-cooldown", "1", "--max-retries", "1"])
+        r = start_router(
+            logs,
+            workers=[good.url, bad_url],
+            args=[
+                "--policy",
+                "round_robin",
+                "--breaker-failure-threshold",
+                "2",
+                "--breaker-cooldown",
+                "1",
+                "--max-retries",
+                "1",
+            ],
+        )
         try:
             await asyncio.to_thread(r.wait_routable, 2)
             for _ in range(10):  # failures are retried on the good worker
@@ -82,16 +99,18 @@ async def test_half_open_admits_exactly_one_trial_and_its_outcome_decides(logs: 
                 if _breaker(r, bad_url) == "open":
                     break
             assert _breaker(r, bad_url) == "open"
-            await asyncio.to_thread(wait_until, lambda: _breaker(r, bad_url) == "half_open",
-                                    what="the cooldown to pass")
+            await asyncio.to_thread(
+                wait_until, lambda: _breaker(r, bad_url) == "half_open", what="the cooldown to pass"
+            )
             flaky.hits = 0
             assert await _post_all(r, 10) == [200] * 10
             assert flaky.hits == 1  # one trial; the other nine went to the good worker while it ran
             assert _breaker(r, bad_url) == "open"  # the failed trial re-opened it
 
             flaky.failing = False
-            await asyncio.to_thread(wait_until, lambda: _breaker(r, bad_url) == "half_open",
-                                    what="the second cooldown to pass")
+            await asyncio.to_thread(
+                wait_until, lambda: _breaker(r, bad_url) == "half_open", what="the second cooldown to pass"
+            )
             flaky.hits = 0
             assert await _post_all(r, 4) == [200] * 4
             assert flaky.hits >= 1

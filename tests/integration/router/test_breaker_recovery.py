@@ -22,9 +22,20 @@ COOLDOWN_S = 4.0  # short, yet far longer than the few quick requests sent while
 def test_a_failing_worker_opens_its_breaker_and_a_recovered_one_closes_it(logs: Path) -> None:
     good = start_sim(logs)
     bad = start_sim(logs, extra=["--error-rate", "1"])
-    r = start_router(logs, workers=[good.url, bad.url],
-                     args=["--policy", "round_robin", "--breaker-failure-threshold", "2",
-                           "--breaker-cooldown", str(COOLDOWN_S), "--max-retries", "2"])
+    r = start_router(
+        logs,
+        workers=[good.url, bad.url],
+        args=[
+            "--policy",
+            "round_robin",
+            "--breaker-failure-threshold",
+            "2",
+            "--breaker-cooldown",
+            str(COOLDOWN_S),
+            "--max-retries",
+            "2",
+        ],
+    )
     try:
         r.wait_routable(2)
         assert r.worker(bad.url)["breaker"] == "closed"
@@ -51,7 +62,9 @@ def test_a_failing_worker_opens_its_breaker_and_a_recovered_one_closes_it(logs: 
         try:
             half_open = wait_until(
                 lambda: (w := r.worker(bad.url))["breaker"] == "half_open" and w["status"] == "ready" and w,
-                timeout=COOLDOWN_S + 30, what="the cooldown to pass and the restarted worker to be healthy")
+                timeout=COOLDOWN_S + 30,
+                what="the cooldown to pass and the restarted worker to be healthy",
+            )
             assert half_open["routable"] is True, half_open
 
             def served_by_recovered() -> bool:

@@ -25,8 +25,10 @@ def test_a_draining_worker_gets_no_new_requests_finishes_its_own_and_comes_back(
         long_answer: list[Served] = []
         t = threading.Thread(target=lambda: long_answer.append(r.complete(prefix + "long", max_tokens=LONG_TOKENS)))
         t.start()
-        victim = wait_until(lambda: next((w for w in r.workers() if w["load"]["inflight"] == 1), None),
-                            what="the long request in flight on one worker")
+        victim = wait_until(
+            lambda: next((w for w in r.workers() if w["load"]["inflight"] == 1), None),
+            what="the long request in flight on one worker",
+        )
         (other,) = [s.url for s in sims if s.url != victim["url"]]
 
         status, drained = r.admin("PATCH", f"/workers/{victim['id']}", {"draining": True})

@@ -24,17 +24,23 @@ def _still_serving(router: Router) -> None:
     assert status == 200, body
 
 
-@pytest.mark.parametrize(("path", "raw", "status", "words"), [
-    ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
-    ("/v1/completions", b"[1, 2]", 400, "JSON object"),
-    ("/v1/chat/completions", b'{"model": "sim-model"}', 400, "messages is required"),
-    ("/v1/completions", b'{"model": "sim-model"}', 400, "prompt is required"),
-    ("/generate", b'{"sampling_params": {}}', 400, "text or input_ids"),
-    ("/v1/chat/completions", b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}',
-     404, "no-such-model"),
-])
-def test_bad_requests_are_rejected_with_json(router: Router, path: str, raw: bytes, status: int,
-                                             words: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "raw", "status", "words"),
+    [
+        ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", b"[1, 2]", 400, "JSON object"),
+        ("/v1/chat/completions", b'{"model": "sim-model"}', 400, "messages is required"),
+        ("/v1/completions", b'{"model": "sim-model"}', 400, "prompt is required"),
+        ("/generate", b'{"sampling_params": {}}', 400, "text or input_ids"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}',
+            404,
+            "no-such-model",
+        ),
+    ],
+)
+def test_bad_requests_are_rejected_with_json(router: Router, path: str, raw: bytes, status: int, words: str) -> None:
     got, body = http_json("POST", router.url + path, raw)
     _assert_error(got, body, status, words)
     _still_serving(router)
@@ -71,9 +77,11 @@ def test_admin_calls_need_the_token(logs: Path, fleet) -> None:
     r = start_router(logs, workers=[fleet[0].url], admin_key="s3cret")
     try:
         r.wait_routable(1)
-        for method, path, body in [("POST", "/workers", {"url": fleet[1].url}),
-                                   ("DELETE", f"/workers/{r.workers()[0]['id']}", None),
-                                   ("POST", f"/add_worker?url={fleet[1].url}", None)]:
+        for method, path, body in [
+            ("POST", "/workers", {"url": fleet[1].url}),
+            ("DELETE", f"/workers/{r.workers()[0]['id']}", None),
+            ("POST", f"/add_worker?url={fleet[1].url}", None),
+        ]:
             got, answer = http_json(method, r.url + path, body)
             _assert_error(got, answer, 401, "admin API key")
             got, answer = http_json(method, r.url + path, body, headers={"Authorization": "Bearer wrong"})
@@ -86,16 +94,19 @@ def test_admin_calls_need_the_token(logs: Path, fleet) -> None:
         r.stop()
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"url": "not a url"}, "url"),
-    ({"url": "ftp://127.0.0.2:8000"}, "url"),
-    ({"url": "http://127.0.0.2:99999"}, "url"),
-    ({"url": "http://127.0.0.2:8000/v1"}, "url"),
-    ({"url": "http://127.0.0.2:8000", "role": "boss"}, "role"),
-    ({"url": "http://127.0.0.2:8000", "bootstrap_port": 70000}, "bootstrap_port"),
-    ({"url": "http://127.0.0.2:8000", "labels": {"a": 1}}, "labels"),
-    ({"url": "http://127.0.0.2:8000", "colour": "red"}, "colour"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"url": "not a url"}, "url"),
+        ({"url": "ftp://127.0.0.2:8000"}, "url"),
+        ({"url": "http://127.0.0.2:99999"}, "url"),
+        ({"url": "http://127.0.0.2:8000/v1"}, "url"),
+        ({"url": "http://127.0.0.2:8000", "role": "boss"}, "role"),
+        ({"url": "http://127.0.0.2:8000", "bootstrap_port": 70000}, "bootstrap_port"),
+        ({"url": "http://127.0.0.2:8000", "labels": {"a": 1}}, "labels"),
+        ({"url": "http://127.0.0.2:8000", "colour": "red"}, "colour"),
+    ],
+)
 def test_bad_worker_specs_are_400_and_change_nothing(router: Router, spec: dict, field: str) -> None:
     before = router.workers()
     got, body = router.admin("POST", "/workers", spec)

@@ -18,8 +18,11 @@ def _worker(router: Router, url: str) -> dict:
 
 
 async def _wait_backlog(router: Router, url: str, at_least: int) -> None:
-    await asyncio.to_thread(wait_until, lambda: (_worker(router, url)["load"]["backend"] or 0) >= at_least,
-                            what=f"{router.url} to see a backlog of {at_least} on {url}")
+    await asyncio.to_thread(
+        wait_until,
+        lambda: (_worker(router, url)["load"]["backend"] or 0) >= at_least,
+        what=f"{router.url} to see a backlog of {at_least} on {url}",
+    )
 
 
 @pytest.fixture
@@ -39,28 +42,37 @@ async def test_global_backlog_router_b_sees_load_sent_through_router_a(logs: Pat
         a.wait_routable(2)
         b.wait_routable(2)
         async with flood(a.url, 24, prompt=f"{uuid.uuid4()} one shared document " * 20):
-            await asyncio.to_thread(wait_until, lambda: max(w["load"]["inflight"] for w in a.workers()) == 24,
-                                    what="router A to have the flood in flight")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: max(w["load"]["inflight"] for w in a.workers()) == 24,
+                what="router A to have the flood in flight",
+            )
             loaded = max(a.workers(), key=lambda w: w["load"]["inflight"])["url"]
             idle = next(u for u in urls if u != loaded)
             await _wait_backlog(b, loaded, 15)
             assert _worker(b, loaded)["load"]["inflight"] == 0  # B itself sent nothing there
             async with aiohttp.ClientSession() as s:
                 for i in range(4):
-                    async with s.post(b.url + "/v1/completions",
-                                      json={"model": MODEL, "prompt": f"b {i} " * 30, "max_tokens": 1}) as resp:
+                    async with s.post(
+                        b.url + "/v1/completions", json={"model": MODEL, "prompt": f"b {i} " * 30, "max_tokens": 1}
+                    ) as resp:
                         assert resp.status == 200
             assert _worker(b, idle)["load"]["processed"] == 4
             assert _worker(b, loaded)["load"]["processed"] == 0
-            assert metric_value(b.metrics(), "smg_routing_fallbacks_total", reason="imbalance", role="regular",
-                                policy="cache_aware") == 4
+            assert (
+                metric_value(
+                    b.metrics(), "smg_routing_fallbacks_total", reason="imbalance", role="regular", policy="cache_aware"
+                )
+                == 4
+            )
     finally:
         a.stop()
         b.stop()
 
 
 async def test_global_backlog_burst_between_polls_does_not_all_land_on_the_idle_worker(
-        logs: Path, pair: list[Sim]) -> None:
+    logs: Path, pair: list[Sim]
+) -> None:
     urls = [s.url for s in pair]
     # B polls rarely: the whole burst happens between two polls.
     b = start_router(logs, workers=urls, args=["--balance-abs-threshold", "2", "--load-monitor-interval", "5"])
@@ -70,8 +82,10 @@ async def test_global_backlog_burst_between_polls_does_not_all_land_on_the_idle_
             await _wait_backlog(b, pair[0].url, 12)
             async with flood(b.url, 20, prompt=f"{uuid.uuid4()} burst", max_tokens=400, distinct=True):
                 await asyncio.to_thread(
-                    wait_until, lambda: sum(w["load"]["inflight"] for w in b.workers()) == 20,
-                    what="the burst to be in flight through B")
+                    wait_until,
+                    lambda: sum(w["load"]["inflight"] for w in b.workers()) == 20,
+                    what="the burst to be in flight through B",
+                )
                 got = {u: _worker(b, u)["load"]["inflight"] for u in urls}
         # Distinct prompts are misses that go to the least-loaded worker.  With the snapshot alone (worker 1
         # looked idle at the last poll) all 20 would go to worker 1; max(backend, local in-flight) sends it
@@ -84,7 +98,8 @@ async def test_global_backlog_burst_between_polls_does_not_all_land_on_the_idle_
 
 @pytest.mark.parametrize("made_by", ["alias", "label"])
 async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and_backlog(
-        logs: Path, pair: list[Sim], made_by: str) -> None:
+    logs: Path, pair: list[Sim], made_by: str
+) -> None:
     urls = [s.url for s in pair]
     thresholds = ["--balance-abs-threshold", "5", "--balance-rel-threshold", "1.2"]
     if made_by == "alias":
@@ -92,8 +107,10 @@ async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and
     else:
         r = start_router(logs, args=["--policy", "round_robin", *thresholds])
         for url in urls:
-            assert r.admin("POST", "/workers", {"url": url, "model_id": MODEL,
-                                                "labels": {"policy": "cache_aware"}})[0] == 201
+            assert (
+                r.admin("POST", "/workers", {"url": url, "model_id": MODEL, "labels": {"policy": "cache_aware"}})[0]
+                == 201
+            )
     try:
         r.wait_routable(2)
         # a backlog of 10: imbalanced under the configured thresholds (5, 1.2), not under the defaults (64, 1.5)
@@ -101,11 +118,13 @@ async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and
             await _wait_backlog(r, pair[0].url, 10)
             async with aiohttp.ClientSession() as s:
                 for _ in range(3):
-                    async with s.post(r.url + "/v1/completions",
-                                      json={"model": MODEL, "prompt": "same prompt " * 30, "max_tokens": 1}) as resp:
+                    async with s.post(
+                        r.url + "/v1/completions", json={"model": MODEL, "prompt": "same prompt " * 30, "max_tokens": 1}
+                    ) as resp:
                         assert resp.status == 200
             assert _worker(r, pair[1].url)["load"]["processed"] == 3
-            assert metric_value(r.metrics(), "smg_routing_fallbacks_total", reason="imbalance",
-                                policy="cache_aware") == 3
+            assert (
+                metric_value(r.metrics(), "smg_routing_fallbacks_total", reason="imbalance", policy="cache_aware") == 3
+            )
     finally:
         r.stop()

@@ -24,7 +24,7 @@ async def _complete(s: aiohttp.ClientSession, url: str, *, stream: bool, max_tok
         raw = await resp.read()
     if not stream:
         return {"status": resp.status, "body": json.loads(raw)}
-    events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in raw.decode().splitlines() if line.startswith("data: ")]
     return {"status": resp.status, "events": events}
 
 
@@ -82,8 +82,10 @@ async def test_a_stream_outlasting_the_shutdown_timeout_ends_with_an_error_event
         assert code == 0, r.log()
         assert time.monotonic() - t0 < 20  # ended by the 1 s shutdown timeout, not by the worker finishing
         await asyncio.to_thread(
-            wait_until, lambda: http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
-            what="the worker to drop the cut-off stream")
+            wait_until,
+            lambda: http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
+            what="the worker to drop the cut-off stream",
+        )
     finally:
         r.stop()
         sim.stop()

@@ -76,11 +76,18 @@ class RawWorker:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
-                length = next((int(v) for k, _, v in (line.partition(":") for line in lines[1:])
-                               if k.strip().lower() == "content-length"), 0)
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (line.partition(":") for line in lines[1:])
+                        if k.strip().lower() == "content-length"
+                    ),
+                    0,
+                )
                 body = await reader.readexactly(length)
-                exchange = Exchange(conn=conn, index=len(self.exchanges), path=lines[0].split(" ")[1], body=body,
-                                    writer=writer)
+                exchange = Exchange(
+                    conn=conn, index=len(self.exchanges), path=lines[0].split(" ")[1], body=body, writer=writer
+                )
                 self.exchanges.append(exchange)
                 if await self.answer(exchange) == CLOSE:
                     break
@@ -137,10 +144,12 @@ async def post_and_read(client: LeanUpstream, url: str) -> tuple[LeanResponse, b
 
 async def test_a_chunked_body_with_chunk_extensions_and_trailers_is_the_chunks_data_only(client) -> None:
     async def first(ex: Exchange) -> None:
-        ex.writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
-                        b"5;name=value\r\nhello\r\n"
-                        b'6;quoted="a;b";bare\r\n world\r\n'
-                        b"0\r\nX-Checksum: abc\r\n\r\n")
+        ex.writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n"
+            b"5;name=value\r\nhello\r\n"
+            b'6;quoted="a;b";bare\r\n world\r\n'
+            b"0\r\nX-Checksum: abc\r\n\r\n"
+        )
 
     async with asyncio.timeout(LIMIT), raw_worker(lambda ex: answers_then_numbers(ex, first)) as (worker, url):
         r, body = await post_and_read(client, url)
@@ -171,9 +180,11 @@ async def test_a_close_delimited_body_completes_when_the_worker_closes(client, h
 
 @pytest.mark.parametrize("writes", ["one write", "separate writes"])
 async def test_informational_responses_are_skipped_for_the_final_one(client, writes: str) -> None:
-    parts = [b"HTTP/1.1 100 Continue\r\n\r\n",
-             b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
-             ok(b"final", extra=b"X-Final: yes\r\n")]
+    parts = [
+        b"HTTP/1.1 100 Continue\r\n\r\n",
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n",
+        ok(b"final", extra=b"X-Final: yes\r\n"),
+    ]
 
     async def first(ex: Exchange) -> None:
         if writes == "one write":
@@ -194,12 +205,14 @@ async def test_informational_responses_are_skipped_for_the_final_one(client, wri
 
 
 async def test_a_response_in_one_byte_writes(client) -> None:
-    response = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+    response = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+    )
 
     async def first(ex: Exchange) -> None:
         for i in range(len(response)):
-            ex.writer.write(response[i:i + 1])
+            ex.writer.write(response[i : i + 1])
             await ex.writer.drain()
             await asyncio.sleep(0.001)
 
@@ -263,12 +276,16 @@ async def test_a_body_above_the_high_water_mark_read_slowly_then_the_connection_
 # -- failures --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reply", [
-    b"garbage\r\n\r\n",
-    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
-    b"",
-    b"HTTP/1.1 200 OK\r\nContent-Le",
-], ids=["garbage", "an upgrade nobody asked for", "closed at once", "closed inside the head"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
+        b"",
+        b"HTTP/1.1 200 OK\r\nContent-Le",
+    ],
+    ids=["garbage", "an upgrade nobody asked for", "closed at once", "closed inside the head"],
+)
 async def test_a_failure_before_the_response_headers_is_a_connect_error(client, reply: bytes) -> None:
     async def first(ex: Exchange) -> str:
         ex.writer.write(reply)
@@ -285,10 +302,16 @@ async def test_a_failure_before_the_response_headers_is_a_connect_error(client, 
 @pytest.mark.parametrize("framing", ["content-length", "chunked", "close-delimited"])
 @pytest.mark.parametrize("how", ["read", "chunks"])
 async def test_a_reset_mid_body_is_an_os_error(client, framing: str, how: str) -> None:
-    heads = {"content-length": b"Content-Length: 1000\r\n", "chunked": b"Transfer-Encoding: chunked\r\n",
-             "close-delimited": b"Connection: close\r\n"}
-    first_part = {"content-length": b"x" * 100, "chunked": b"64\r\n" + b"x" * 100 + b"\r\n",
-                  "close-delimited": b"x" * 100}
+    heads = {
+        "content-length": b"Content-Length: 1000\r\n",
+        "chunked": b"Transfer-Encoding: chunked\r\n",
+        "close-delimited": b"Connection: close\r\n",
+    }
+    first_part = {
+        "content-length": b"x" * 100,
+        "chunked": b"64\r\n" + b"x" * 100 + b"\r\n",
+        "close-delimited": b"x" * 100,
+    }
 
     async def first(ex: Exchange) -> str:
         ex.writer.write(b"HTTP/1.1 200 OK\r\n" + heads[framing] + b"\r\n" + first_part[framing])

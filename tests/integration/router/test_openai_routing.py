@@ -30,8 +30,10 @@ async def test_chat_requests_sharing_a_long_prefix_go_to_one_worker(router: Rout
     served_by = set()
     for q in range(6):
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, max_tokens=4,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {q}"}])
+            model=MODEL,
+            max_tokens=4,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"question {q}"}],
+        )
         served_by.add(raw.headers["x-smg-worker-id"])
         reply = raw.parse()
         assert reply.choices[0].message.content
@@ -43,8 +45,9 @@ async def test_chat_requests_sharing_a_long_prefix_go_to_one_worker(router: Rout
     assert reply.usage.prompt_tokens_details.cached_tokens > 0
 
 
-async def test_requests_with_distinct_prefixes_spread_over_the_workers(router: Router, fleet: list[Sim],
-                                                                        client) -> None:
+async def test_requests_with_distinct_prefixes_spread_over_the_workers(
+    router: Router, fleet: list[Sim], client
+) -> None:
     before = _processed(router)
     for i in range(15):
         await client.completions.create(model=MODEL, prompt=f"{uuid.uuid4()} " + f"topic {i} " * 80, max_tokens=2)
@@ -60,14 +63,19 @@ async def test_streaming_through_the_router(router: Router, client, kind: str) -
     prompt = f"stream {uuid.uuid4()} " * 20
     if kind == "chat":
         stream = await client.chat.completions.create(
-            model=MODEL, max_tokens=8, stream=True, messages=[{"role": "user", "content": prompt}])
+            model=MODEL, max_tokens=8, stream=True, messages=[{"role": "user", "content": prompt}]
+        )
         pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
     else:
         stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stream=True)
         pieces = [c.choices[0].text async for c in stream if c.choices]
     assert len([p for p in pieces if p]) >= 2, pieces
-    text = metric_value(router.metrics(), "smg_time_to_first_token_seconds_count",
-                        endpoint="/v1/chat/completions" if kind == "chat" else "/v1/completions", model=MODEL)
+    text = metric_value(
+        router.metrics(),
+        "smg_time_to_first_token_seconds_count",
+        endpoint="/v1/chat/completions" if kind == "chat" else "/v1/completions",
+        model=MODEL,
+    )
     assert text >= 1
 
 
@@ -75,8 +83,9 @@ async def test_generate_and_models(router: Router) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as s:
-        async with s.post(router.url + "/generate",
-                          json={"text": "hello " * 10, "sampling_params": {"max_new_tokens": 3}}) as r:
+        async with s.post(
+            router.url + "/generate", json={"text": "hello " * 10, "sampling_params": {"max_new_tokens": 3}}
+        ) as r:
             assert r.status == 200
             body = await r.json()
             assert body["meta_info"]["completion_tokens"] == 3

@@ -67,8 +67,14 @@ FLEET_STATUSES = {502, 503, 504}
 """The 5xx the data plane may answer, as OpenAI-shaped JSON: the fleet's state, not a router fault."""
 GHOSTS = [f"http://127.0.0.{host}:9" for host in (250, 251)]
 """Registered by the fuzzer, never reachable: nothing listens there (support.procs hands out .2 - .249)."""
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance, negative_data_rejection]
 
 
@@ -98,8 +104,9 @@ def sims(logs: Path) -> Iterator[list[Sim]]:
 
 @pytest.fixture(scope="module")
 def fuzzed(logs: Path, sims: list[Sim]) -> Iterator[Router]:
-    router = start_router(logs, workers=[sims[0].url], admin_key=ADMIN_KEY,
-                          args=["--api-key", API_KEY, "--request-timeout", "10"])
+    router = start_router(
+        logs, workers=[sims[0].url], admin_key=ADMIN_KEY, args=["--api-key", API_KEY, "--request-timeout", "10"]
+    )
     router.wait_routable(1)
     for sim in sims[1:]:
         status, body = router.admin("POST", "/workers", {"url": sim.url, "model_id": MODEL})
@@ -138,8 +145,9 @@ def _tame(case: Any, mode: GenerationMode, urls: list[str], ids: list[str]) -> N
                     continue
             container[key] = _pick(urls, container[key])
     if case.path_parameters and "worker_id" in case.path_parameters:
-        case.path_parameters["worker_id"] = _pick(ids, case.path_parameters["worker_id"], keep=1) or \
-            case.path_parameters["worker_id"]
+        case.path_parameters["worker_id"] = (
+            _pick(ids, case.path_parameters["worker_id"], keep=1) or case.path_parameters["worker_id"]
+        )
     if body is not None:
         for key in ("max_tokens", "max_completion_tokens"):
             _cap(body, key)
@@ -169,8 +177,17 @@ def _check_answer(operation: Any, case: Any, response: Any, *, auth: str, secure
         raise AssertionError(f"the right key (or none needed) refused: {where}\n{response.text}")
 
 
-def _fuzz(router: Router, operation: Any, mode: GenerationMode, *, needs: list[Any], fleet: Fleet, urls: list[str],
-          ids: list[str], outcomes: Counter[tuple[str, int]]) -> int:
+def _fuzz(
+    router: Router,
+    operation: Any,
+    mode: GenerationMode,
+    *,
+    needs: list[Any],
+    fleet: Fleet,
+    urls: list[str],
+    ids: list[str],
+    outcomes: Counter[tuple[str, int]],
+) -> int:
     right = ADMIN_KEY if needs == [{"adminKey": []}] else API_KEY
     calls = 0
 
@@ -219,13 +236,13 @@ def test_every_operation_fuzzed_from_the_document_leaves_a_sound_router(fuzzed: 
     assert status == 200, document
     # the fuzzer sends the key itself (right, wrong or none), so schemathesis generates no Authorization; it
     # reads every stream to its end (generation is capped): hanging up mid-stream is another test's concern
-    config = schemathesis.Config.from_dict({"generation": {"with-security-parameters": False},
-                                            "max-stream-events": 100_000})
+    config = schemathesis.Config.from_dict(
+        {"generation": {"with-security-parameters": False}, "max-stream-events": 100_000}
+    )
     schema = schemathesis.openapi.from_dict(document, config=config)
     urls = [s.url for s in sims[1:]] + GHOSTS
     ids = [worker_id_for(u) for u in urls]
-    fleet = Fleet(specs={w["url"]: {k: w[k] for k in SPEC_FIELDS} for w in fuzzed.workers()
-                         if w["url"] != sims[0].url})
+    fleet = Fleet(specs={w["url"]: {k: w[k] for k in SPEC_FIELDS} for w in fuzzed.workers() if w["url"] != sims[0].url})
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 18
     calls = 0
@@ -233,47 +250,78 @@ def test_every_operation_fuzzed_from_the_document_leaves_a_sound_router(fuzzed: 
     outcomes: Counter[tuple[str, int]] = Counter()
     for operation in operations:
         needs = document["paths"][operation.path][operation.method.lower()]["security"]
-        calls += _fuzz(fuzzed, operation, GenerationMode.POSITIVE, needs=needs, fleet=fleet, urls=urls, ids=ids,
-                       outcomes=outcomes)
+        calls += _fuzz(
+            fuzzed, operation, GenerationMode.POSITIVE, needs=needs, fleet=fleet, urls=urls, ids=ids, outcomes=outcomes
+        )
         try:
-            calls += _fuzz(fuzzed, operation, GenerationMode.NEGATIVE, needs=needs, fleet=fleet, urls=urls, ids=ids,
-                       outcomes=outcomes)
+            calls += _fuzz(
+                fuzzed,
+                operation,
+                GenerationMode.NEGATIVE,
+                needs=needs,
+                fleet=fleet,
+                urls=urls,
+                ids=ids,
+                outcomes=outcomes,
+            )
         except Unsatisfiable:
             unbreakable.add(operation.label)
     # a string path parameter cannot break the schema, nor can an operation that takes nothing
     assert unbreakable == {"GET /workers/{worker_id}"} | {
-        op.label for op in operations if not (op.body or op.query or op.path_parameters)}
+        op.label for op in operations if not (op.body or op.query or op.path_parameters)
+    }
     # the run reached what it is for: answers, registrations, changes, removals and refusals of every kind
     answered = {label for label, status in outcomes if 200 <= status < 300}
-    assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /generate", "PATCH /workers/{worker_id}",
-            "PUT /workers/{worker_id}", "DELETE /workers/{worker_id}", "POST /remove_worker"} <= answered
+    assert {
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /generate",
+        "PATCH /workers/{worker_id}",
+        "PUT /workers/{worker_id}",
+        "DELETE /workers/{worker_id}",
+        "POST /remove_worker",
+    } <= answered
     assert outcomes["POST /workers", 201] + outcomes["POST /add_worker", 201] > 0
     secured = {op.label for op in operations if document["paths"][op.path][op.method]["security"]}
     assert secured == {label for label, status in outcomes if status == 401}
     assert {label for label, status in outcomes if status == 400} >= {
-        "POST /v1/chat/completions", "POST /v1/completions", "POST /generate", "POST /workers", "POST /add_worker",
-        "PATCH /workers/{worker_id}", "PUT /workers/{worker_id}"}
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /generate",
+        "POST /workers",
+        "POST /add_worker",
+        "PATCH /workers/{worker_id}",
+        "PUT /workers/{worker_id}",
+    }
     assert fuzzed.alive(), fuzzed.log()[-3000:]
     log = fuzzed.log()
     assert "Traceback" not in log and "Error handling request" not in log, log[-5000:]
     _check_fleet(fuzzed, fleet, sims[0])
-    status, answer = http_json("POST", fuzzed.url + "/v1/chat/completions",
-                               {"model": MODEL, "messages": [{"role": "user", "content": "still there?"}],
-                                "max_tokens": 2}, headers={"Authorization": f"Bearer {API_KEY}"})
+    status, answer = http_json(
+        "POST",
+        fuzzed.url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "still there?"}], "max_tokens": 2},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     assert status == 200 and isinstance(answer["choices"][0]["message"]["content"], str), answer
     statuses = Counter(status for (_, status), n in outcomes.items() for _ in range(n))
-    print(f"{calls} calls over {len(operations)} operations in {time.monotonic() - started:.1f} s: "
-          f"{dict(sorted(statuses.items()))}")
+    print(
+        f"{calls} calls over {len(operations)} operations in {time.monotonic() - started:.1f} s: "
+        f"{dict(sorted(statuses.items()))}"
+    )
 
 
 def test_a_client_hanging_up_mid_stream_is_counted_499_and_logs_no_error(logs: Path, sims: list[Sim]) -> None:
     router = start_router(logs, workers=[sims[0].url])
     try:
         router.wait_routable(1)
-        body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
-                             "stream": True})
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {router.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        body = orjson.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000, "stream": True}
+        )
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {router.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         hangups = 30
         for i in range(hangups):
             with socket.create_connection((router.host, router.port), timeout=10) as conn:
@@ -281,8 +329,10 @@ def test_a_client_hanging_up_mid_stream_is_counted_499_and_logs_no_error(logs: P
                 received = 0
                 while received < 3000 * (i % 5 + 1):  # hang up after a few events, at different points
                     received += len(conn.recv(65536))
-        wait_until(lambda: metric_value(router.metrics(), "smg_requests_total") >= hangups,
-                   what="every hung-up request counted")
+        wait_until(
+            lambda: metric_value(router.metrics(), "smg_requests_total") >= hangups,
+            what="every hung-up request counted",
+        )
         text = router.metrics()
         assert metric_value(text, "smg_requests_total", status="500") == 0
         assert metric_value(text, "smg_requests_total", status="499") == hangups

@@ -103,6 +103,7 @@ class HttpServer:
 
 # --- the probe client against real sockets ------------------------------------------------------------------
 
+
 async def test_a_black_hole_holding_many_requests_does_not_delay_a_healthy_workers_probe() -> None:
     async with BlackHole() as hole, HttpServer({"/health": (200, b"{}")}) as healthy:
         client = ProbeClient()
@@ -129,8 +130,11 @@ async def test_each_failed_probe_names_its_kind() -> None:
         await client.start()
         try:
             kinds: dict[str, str] = {}
-            for name, url in (("hole", hole.url + "/health"), ("refused", f"http://{next_host()}:{free_port()}/x"),
-                              ("big", server.url + "/big")):
+            for name, url in (
+                ("hole", hole.url + "/health"),
+                ("refused", f"http://{next_host()}:{free_port()}/x"),
+                ("big", server.url + "/big"),
+            ):
                 try:
                     await client.fetch(url, seconds=0.3)
                 except ProbeError as e:
@@ -174,6 +178,7 @@ async def _raw_server(answer: bytes) -> AsyncIterator[str]:
 
 # --- a real router, a real backlog, a garbage worker and a black hole --------------------------------------
 
+
 def _worker(r: Router, url: str) -> dict[str, Any]:
     return next(w for w in r.workers() if w["url"] == url)
 
@@ -184,8 +189,9 @@ def _errors(r: Router, url: str, kind: str) -> float:
 
 async def test_garbage_and_hanging_workers_do_not_stop_or_delay_the_polls_of_a_healthy_one(logs: Path) -> None:
     sim = start_sim(logs, time_scale=1.0, extra=["--max-running", "1"])
-    garbage = HttpServer({"/health": (200, b"{}"), "/v1/loads": (200, GARBAGE_LOADS),
-                          "/metrics": (200, GARBAGE_METRICS)})
+    garbage = HttpServer(
+        {"/health": (200, b"{}"), "/v1/loads": (200, GARBAGE_LOADS), "/metrics": (200, GARBAGE_METRICS)}
+    )
     hogs: list[asyncio.Task[None]] = []
     r = start_router(logs, args=["--health-failure-threshold", "1", "--shutdown-delay", "0"])
     try:
@@ -196,8 +202,9 @@ async def test_garbage_and_hanging_workers_do_not_stop_or_delay_the_polls_of_a_h
 
             async def hog() -> None:  # straight to the sim: with --max-running 1 one runs, the rest wait
                 with contextlib.suppress(aiohttp.ClientError, asyncio.CancelledError):
-                    async with s.post(sim.url + "/v1/completions",
-                                      json={"model": MODEL, "prompt": "hog", "max_tokens": 5000}) as resp:
+                    async with s.post(
+                        sim.url + "/v1/completions", json={"model": MODEL, "prompt": "hog", "max_tokens": 5000}
+                    ) as resp:
                         await resp.read()
 
             def backend() -> int | None:
@@ -220,33 +227,59 @@ async def test_garbage_and_hanging_workers_do_not_stop_or_delay_the_polls_of_a_h
                 seen.append(backend())
                 return _errors(r, garbage.url, "bad_payload") >= 10 and _errors(r, hung.url, "timeout") >= 2
 
-            await asyncio.to_thread(wait_until, bad_rounds_done, timeout=30, interval=0.1,
-                                    what="bad_payload polls of the garbage worker and timeouts of the black hole")
+            await asyncio.to_thread(
+                wait_until,
+                bad_rounds_done,
+                timeout=30,
+                interval=0.1,
+                what="bad_payload polls of the garbage worker and timeouts of the black hole",
+            )
             assert set(seen) == {4}, seen
             assert garbage.asked.get("/v1/loads", 0) >= 10 and garbage.asked.get("/metrics", 0) >= 10
 
             # After the bad rounds the monitor is alive and every interval fresh: a change shows within a few.
             for expected in (7, 9):
                 add_hogs(expected - len(hogs))
-                await asyncio.to_thread(wait_until, functools.partial(backend_is, expected), timeout=1.5,
-                                        interval=0.05, what=f"the sim's backlog of {expected} within a few intervals")
+                await asyncio.to_thread(
+                    wait_until,
+                    functools.partial(backend_is, expected),
+                    timeout=1.5,
+                    interval=0.05,
+                    what=f"the sim's backlog of {expected} within a few intervals",
+                )
             metrics = r.metrics()
             assert metric_value(metrics, "smg_worker_backend_load", worker=sim.url) == 9
             assert metric_value(metrics, "smg_worker_poll_errors_total", worker=sim.url) == 0
 
             # The health checker is alive too: the black hole fails its probes, the others stay ready.
-            await asyncio.to_thread(wait_until, lambda: _worker(r, hung.url)["status"] == "not_ready", timeout=15,
-                                    what="the black hole to fail its health check")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: _worker(r, hung.url)["status"] == "not_ready",
+                timeout=15,
+                what="the black hole to fail its health check",
+            )
             assert _worker(r, sim.url)["status"] == "ready" and _worker(r, garbage.url)["status"] == "ready"
             # ... and still probing after all that: the garbage worker goes away and is noticed.
             await garbage.close()
-            await asyncio.to_thread(wait_until, lambda: _worker(r, garbage.url)["status"] == "not_ready",
-                                    timeout=10, what="the stopped garbage worker to fail its health check")
-            await asyncio.to_thread(wait_until, lambda: _errors(r, garbage.url, "connect") >= 1,
-                                    what="connect errors of the stopped garbage worker")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: _worker(r, garbage.url)["status"] == "not_ready",
+                timeout=10,
+                what="the stopped garbage worker to fail its health check",
+            )
+            await asyncio.to_thread(
+                wait_until,
+                lambda: _errors(r, garbage.url, "connect") >= 1,
+                what="connect errors of the stopped garbage worker",
+            )
             add_hogs(1)
-            await asyncio.to_thread(wait_until, functools.partial(backend_is, 10), timeout=1.5, interval=0.05,
-                                    what="the sim's backlog of 10")
+            await asyncio.to_thread(
+                wait_until,
+                functools.partial(backend_is, 10),
+                timeout=1.5,
+                interval=0.05,
+                what="the sim's backlog of 10",
+            )
             assert _worker(r, sim.url)["status"] == "ready"
 
             # One log line per change of state, not one per poll.

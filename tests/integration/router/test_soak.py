@@ -16,9 +16,26 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.mark.timeout(240)
 def test_a_short_soak_loses_nothing_and_holds_its_memory() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--duration", "50", "--kill-every", "15", "--warmup", "15",
-         "--calibrate", "5", "--max-tree-chars", "20000", "--json"],
-        capture_output=True, text=True, timeout=200, check=True)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "soak.py"),
+            "--duration",
+            "50",
+            "--kill-every",
+            "15",
+            "--warmup",
+            "15",
+            "--calibrate",
+            "5",
+            "--max-tree-chars",
+            "20000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=True,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["kills"] >= 3
     assert result["json_ok"] > 300 and result["streams_done"] > 300, result

@@ -28,8 +28,10 @@ async def test_client_disconnect_cancels_the_upstream_request(logs: Path) -> Non
             assert http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 1
             resp.close()  # the client goes away mid-stream
         await asyncio.to_thread(
-            wait_until, lambda: http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
-            what="the worker to drop the abandoned request")
+            wait_until,
+            lambda: http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
+            what="the worker to drop the abandoned request",
+        )
         assert r.workers()[0]["load"]["inflight"] == 0
     finally:
         r.stop()
@@ -39,13 +41,17 @@ async def test_client_disconnect_cancels_the_upstream_request(logs: Path) -> Non
 def test_failed_attempts_are_retried_on_another_worker_and_open_the_breaker(logs: Path) -> None:
     good = start_sim(logs)
     bad = start_sim(logs, extra=["--error-rate", "1.0"])
-    r = start_router(logs, workers=[good.url, bad.url],
-                     args=["--policy", "round_robin", "--breaker-failure-threshold", "3", "--breaker-cooldown", "60"])
+    r = start_router(
+        logs,
+        workers=[good.url, bad.url],
+        args=["--policy", "round_robin", "--breaker-failure-threshold", "3", "--breaker-cooldown", "60"],
+    )
     try:
         r.wait_routable(2)
         for i in range(8):
-            status, body = http_json("POST", r.url + "/v1/completions",
-                                     {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1})
+            status, body = http_json(
+                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1}
+            )
             assert status == 200, body
         text = r.metrics()
         assert metric_value(text, "smg_retries_total", endpoint="/v1/completions") == 3
@@ -65,11 +71,14 @@ def test_a_dead_worker_is_retried_elsewhere_then_marked_not_ready(logs: Path) ->
         r.wait_routable(2)
         sims[0].kill()
         for i in range(4):
-            status, body = http_json("POST", r.url + "/v1/completions",
-                                     {"model": MODEL, "prompt": f"dead {i}", "max_tokens": 1})
+            status, body = http_json(
+                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": f"dead {i}", "max_tokens": 1}
+            )
             assert status == 200, body
-        wait_until(lambda: next(w for w in r.workers() if w["url"] == sims[0].url)["status"] == "not_ready",
-                   what="health checks to mark the dead worker not_ready")
+        wait_until(
+            lambda: next(w for w in r.workers() if w["url"] == sims[0].url)["status"] == "not_ready",
+            what="health checks to mark the dead worker not_ready",
+        )
         assert metric_value(r.metrics(), "smg_worker_healthy", worker=sims[0].url) == 0
         sims[1].kill()
         status, body = http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})

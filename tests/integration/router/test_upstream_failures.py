@@ -32,7 +32,7 @@ async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_event(lo
                 if raw.count(b"data: ") == 3:
                     sim.kill()
             # the chunked encoding ended properly: iter_any finished without ClientPayloadError
-        events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in raw.decode().splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]", events[-3:]
         error = json.loads(events[-2])["error"]
         assert error["code"] == "upstream_disconnected" and error["type"] == "upstream_error", error
@@ -52,16 +52,23 @@ async def _worker_that_breaks_off(host: str) -> AsyncIterator[str]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             path = head.split(b" ")[1]
             if path == b"/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
             elif path == b"/v1/models":
                 models = json.dumps({"data": [{"id": MODEL}]}).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                             % (len(models), models))
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(models), models)
+                )
             elif path == b"/v1/completions":
                 writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"id":')
             else:
@@ -84,17 +91,24 @@ async def _worker_that_breaks_off(host: str) -> AsyncIterator[str]:
 @pytest.mark.parametrize("host", ["127.0.0.91"])
 async def test_a_json_answer_broken_off_by_the_worker_is_a_502_counted_by_the_breaker(logs: Path, host: str) -> None:
     async with _worker_that_breaks_off(host) as url:
-        r = start_router(logs, workers=[url], args=["--max-retries", "0", "--breaker-failure-threshold", "2",
-                                                    "--breaker-cooldown", "60"])
+        r = start_router(
+            logs,
+            workers=[url],
+            args=["--max-retries", "0", "--breaker-failure-threshold", "2", "--breaker-cooldown", "60"],
+        )
         try:
             await asyncio.to_thread(r.wait_routable, 1)
             for _ in range(2):
                 status, body = await asyncio.to_thread(
-                    http_json, "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+                    http_json, "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+                )
                 assert status == 502, body
                 assert body["error"]["code"] == "upstream_disconnected" and body["error"]["type"] == "upstream_error"
-            await asyncio.to_thread(wait_until, lambda: r.workers()[0]["breaker"] == "open",
-                                    what="the breaker to open after two broken answers")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: r.workers()[0]["breaker"] == "open",
+                what="the breaker to open after two broken answers",
+            )
             assert "Traceback" not in r.log()
         finally:
             r.stop()

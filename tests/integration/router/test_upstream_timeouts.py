@@ -49,8 +49,14 @@ async def raw_worker(script: Script, host: str = HOST) -> AsyncIterator[str]:
         writers.append(writer)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             await reader.readexactly(length)
             answer = asyncio.ensure_future(script(head.split(b" ")[1], writer))
             stopped = asyncio.ensure_future(stop.wait())
@@ -84,14 +90,16 @@ async def no_headers(path: bytes, writer: asyncio.StreamWriter) -> None:
 
 
 async def one_event_then_silence(path: bytes, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                 b"9\r\ndata: 1\n\n\r\n")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+    )
     await writer.drain()
     await forever()
 
 
 def trickle(*, gap: float, count: int, pad: int = 0) -> Script:
     """Headers at once, then ``count`` events ``gap`` seconds apart, then the end."""
+
     async def script(path: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for i in range(count):
@@ -102,6 +110,7 @@ def trickle(*, gap: float, count: int, pad: int = 0) -> Script:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         await forever()  # keep-alive: the connection stays open
+
     return script
 
 
@@ -200,15 +209,29 @@ async def test_a_worker_that_breaks_off_mid_body_is_an_os_error_not_a_timeout(ma
 def test_a_hung_worker_is_retried_on_a_healthy_one_and_its_breaker_counts_the_failures(logs: Path) -> None:
     good = start_sim(logs)
     hung = start_sim(logs, extra=["--hang-rate", "1"])
-    r = start_router(logs, workers=[good.url, hung.url],
-                     args=["--policy", "round_robin", "--first-byte-timeout", "1", "--max-retries", "2",
-                           "--breaker-failure-threshold", "2", "--breaker-cooldown", "60"])
+    r = start_router(
+        logs,
+        workers=[good.url, hung.url],
+        args=[
+            "--policy",
+            "round_robin",
+            "--first-byte-timeout",
+            "1",
+            "--max-retries",
+            "2",
+            "--breaker-failure-threshold",
+            "2",
+            "--breaker-cooldown",
+            "60",
+        ],
+    )
     try:
         r.wait_routable(2)
         t0 = time.monotonic()
         for i in range(6):
-            status, body = http_json("POST", r.url + "/v1/completions",
-                                     {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1}, timeout=30)
+            status, body = http_json(
+                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1}, timeout=30
+            )
             assert status == 200, body
         hung_worker = next(w for w in r.workers() if w["url"] == hung.url)
         assert hung_worker["breaker"] == "open" and hung_worker["routable"] is False
@@ -227,8 +250,12 @@ def test_with_only_a_hung_worker_the_client_gets_an_openai_shaped_504(logs: Path
     try:
         r.wait_routable(1)
         t0 = time.monotonic()
-        status, body = http_json("POST", r.url + "/v1/chat/completions",
-                                 {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        status, body = http_json(
+            "POST",
+            r.url + "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=30,
+        )
         assert status == 504, body
         assert body["error"]["type"] == "upstream_timeout" and body["error"]["message"], body
         assert 0.9 <= time.monotonic() - t0 < 10
@@ -255,7 +282,7 @@ async def test_a_stream_whose_worker_stops_sending_ends_with_an_upstream_timeout
                     os.kill(sim.popen.pid, signal.SIGSTOP)  # the worker freezes: its connection stays open, silent
                     stopped, t_stop = True, time.monotonic()
             elapsed = time.monotonic() - t_stop
-        events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in raw.decode().splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]", events[-3:]
         error = json.loads(events[-2])["error"]
         assert error["code"] == "upstream_timeout" and error["type"] == "upstream_timeout" and error["message"]
@@ -286,19 +313,35 @@ async def _stalled_json(path: bytes, writer: asyncio.StreamWriter) -> None:
 
 async def test_a_json_answer_that_stalls_mid_body_is_a_504_counted_by_the_breaker(logs: Path) -> None:
     async with raw_worker(_stalled_json, host="127.0.0.92") as url:
-        r = start_router(logs, workers=[url], args=["--stream-idle-timeout", "0.5", "--max-retries", "0",
-                                                    "--breaker-failure-threshold", "2", "--breaker-cooldown", "60"])
+        r = start_router(
+            logs,
+            workers=[url],
+            args=[
+                "--stream-idle-timeout",
+                "0.5",
+                "--max-retries",
+                "0",
+                "--breaker-failure-threshold",
+                "2",
+                "--breaker-cooldown",
+                "60",
+            ],
+        )
         try:
             await asyncio.to_thread(r.wait_routable, 1)
             for _ in range(2):
                 t0 = time.monotonic()
                 status, body = await asyncio.to_thread(
-                    http_json, "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+                    http_json, "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+                )
                 assert status == 504, body
                 assert body["error"]["type"] == "upstream_timeout" and body["error"]["message"], body
                 assert 0.45 <= time.monotonic() - t0 < 5
-            await asyncio.to_thread(wait_until, lambda: r.workers()[0]["breaker"] == "open",
-                                    what="the breaker to open after two stalled answers")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: r.workers()[0]["breaker"] == "open",
+                what="the breaker to open after two stalled answers",
+            )
             assert "Traceback" not in r.log()
         finally:
             r.stop()

@@ -19,7 +19,7 @@ async def _complete(s: aiohttp.ClientSession, url: str, *, stream: bool, max_tok
         worker = resp.headers.get("x-smg-worker-id")
     if not stream:
         return {"status": resp.status, "body": json.loads(raw), "worker": worker}
-    events = [line[len("data: "):] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in raw.decode().splitlines() if line.startswith("data: ")]
     return {"status": resp.status, "events": events, "worker": worker}
 
 

@@ -93,8 +93,22 @@ def make_launcher(started: list[SimProcess]) -> SimLauncher:
     def launch(host: str, *extra: str, role: str = "regular", with_bootstrap: bool = False) -> SimProcess:
         port = free_port(host)
         bootstrap_port = free_port(host) if with_bootstrap else None
-        args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--role", role,
-                "--model", "sim-model", "--log-level", "warning", *extra]
+        args = [
+            sys.executable,
+            "-m",
+            "smg_sim",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--role",
+            role,
+            "--model",
+            "sim-model",
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         if bootstrap_port is not None:
             args += ["--bootstrap-port", str(bootstrap_port)]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)

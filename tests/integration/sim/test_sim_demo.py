@@ -57,8 +57,17 @@ def read_until(proc: subprocess.Popen[bytes], marker: str, within_s: float) -> s
 
 def test_demo_starts_workers_and_stops_them(demo_port: int) -> None:
     urls = [f"http://127.0.0.2:{demo_port}", f"http://127.0.0.3:{demo_port}"]
-    with run_demo("--no-router", "--workers", "2", "--worker-port", str(demo_port), "--time-scale", "0.01",
-                  "--model", "demo-model") as proc:
+    with run_demo(
+        "--no-router",
+        "--workers",
+        "2",
+        "--worker-port",
+        str(demo_port),
+        "--time-scale",
+        "0.01",
+        "--model",
+        "demo-model",
+    ) as proc:
         out = read_until(proc, "Ctrl-C to stop", within_s=20)
         assert all(url in out for url in urls)
         assert "curl" in out and "demo-model" in out

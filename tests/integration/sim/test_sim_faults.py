@@ -24,8 +24,12 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 async def test_error_rate_one_answers_500(launch_sim: SimLauncher) -> None:
     sim = launch_sim("127.0.0.6", "--time-scale", "0.01", "--error-rate", "1")
-    async with AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0,
-                           http_client=openai.DefaultAsyncHttpxClient(trust_env=False)) as client:
+    async with AsyncOpenAI(
+        base_url=f"{sim.url}/v1",
+        api_key="x",
+        max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+    ) as client:
         with pytest.raises(openai.InternalServerError) as info:
             await client.chat.completions.create(**CHAT)
     assert info.value.status_code == 500

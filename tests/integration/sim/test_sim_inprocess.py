@@ -47,10 +47,18 @@ async def test_crash_hook_replaces_process_exit(http: aiohttp.ClientSession) -> 
 
 
 async def pd_pair(*, prefill_tps: float = 4000.0) -> tuple[SimServer, SimServer]:
-    prefill = await start_sim(SimConfig(host="127.0.0.11", port=0, role="prefill", bootstrap_port=0,
-                                        time_scale=1.0, prefill_tps=prefill_tps, decode_step_ms=1.0))
-    decode = await start_sim(SimConfig(host="127.0.0.12", port=0, role="decode", time_scale=0.0,
-                                       bootstrap_timeout=5.0))
+    prefill = await start_sim(
+        SimConfig(
+            host="127.0.0.11",
+            port=0,
+            role="prefill",
+            bootstrap_port=0,
+            time_scale=1.0,
+            prefill_tps=prefill_tps,
+            decode_step_ms=1.0,
+        )
+    )
+    decode = await start_sim(SimConfig(host="127.0.0.12", port=0, role="decode", time_scale=0.0, bootstrap_timeout=5.0))
     return prefill, decode
 
 
@@ -59,8 +67,12 @@ async def test_aborted_prefill_fails_the_waiting_decode_quickly(http: aiohttp.Cl
     try:
         assert prefill.bootstrap_port is not None and prefill.bootstrap_port > 0
         room = random.getrandbits(62)
-        body = {"text": "z" * 1000, "bootstrap_host": "127.0.0.11", "bootstrap_port": prefill.bootstrap_port,
-                "bootstrap_room": room}
+        body = {
+            "text": "z" * 1000,
+            "bootstrap_host": "127.0.0.11",
+            "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": room,
+        }
         decode_task = asyncio.create_task(post(http, f"{decode.url}/generate", body))
         prefill_task = asyncio.create_task(post(http, f"{prefill.url}/generate", body))
         await wait_until_async(lambda: prefill.state.engine.stats().num_running_reqs == 1, what="prefill running")
@@ -71,8 +83,9 @@ async def test_aborted_prefill_fails_the_waiting_decode_quickly(http: aiohttp.Cl
         assert status == 500
         # The failed room ended the wait, not the 5 s bootstrap timeout (that answer says "did not finish").
         assert f"prefill for bootstrap room {room} failed" in data["error"]["message"], data
-        await wait_until_async(lambda: prefill.state.engine.stats().num_running_reqs == 0,
-                               what="the aborted prefill to leave the engine")
+        await wait_until_async(
+            lambda: prefill.state.engine.stats().num_running_reqs == 0, what="the aborted prefill to leave the engine"
+        )
     finally:
         await prefill.stop()
         await decode.stop()
@@ -81,9 +94,13 @@ async def test_aborted_prefill_fails_the_waiting_decode_quickly(http: aiohttp.Cl
 async def test_in_process_pd_pair(http: aiohttp.ClientSession) -> None:
     prefill, decode = await pd_pair()
     try:
-        body = {"text": "in process", "sampling_params": {"max_new_tokens": 3},
-                "bootstrap_host": "127.0.0.11", "bootstrap_port": prefill.bootstrap_port,
-                "bootstrap_room": "room-a"}
+        body = {
+            "text": "in process",
+            "sampling_params": {"max_new_tokens": 3},
+            "bootstrap_host": "127.0.0.11",
+            "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": "room-a",
+        }
         (p_status, _), (d_status, d_body) = await asyncio.gather(
             post(http, f"{prefill.url}/generate", body), post(http, f"{decode.url}/generate", body)
         )

@@ -93,8 +93,7 @@ async def test_batch_generate_with_one_room_per_item(
     prefill: SimProcess, decode: SimProcess, http: aiohttp.ClientSession
 ) -> None:
     rooms = [random.getrandbits(62), random.getrandbits(62)]
-    body = {"text": ["first item", "second item"], "sampling_params": {"max_new_tokens": 5},
-            **boot(prefill, rooms)}
+    body = {"text": ["first item", "second item"], "sampling_params": {"max_new_tokens": 5}, **boot(prefill, rooms)}
     (p_status, _, _), (d_status, d_body, _) = await asyncio.gather(
         post(http, f"{prefill.url}/generate", body), post(http, f"{decode.url}/generate", body)
     )
@@ -105,8 +104,12 @@ async def test_batch_generate_with_one_room_per_item(
 
 async def test_chat_through_openai_client(prefill: SimProcess, decode: SimProcess) -> None:
     def client(sim: SimProcess) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=f"{sim.url}/v1", api_key="x", max_retries=0,
-                           http_client=openai.DefaultAsyncHttpxClient(trust_env=False))
+        return AsyncOpenAI(
+            base_url=f"{sim.url}/v1",
+            api_key="x",
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+        )
 
     messages = [{"role": "user", "content": f"pd chat {uuid.uuid4()}"}]
     async with client(prefill) as p_client, client(decode) as d_client:

@@ -41,7 +41,9 @@ def busy_sim(launch_module_sim: SimLauncher) -> SimProcess:
 @pytest.fixture
 async def client(sim: SimProcess) -> AsyncIterator[AsyncOpenAI]:
     async with AsyncOpenAI(
-        base_url=f"{sim.url}/v1", api_key="x", max_retries=0,
+        base_url=f"{sim.url}/v1",
+        api_key="x",
+        max_retries=0,
         http_client=openai.DefaultAsyncHttpxClient(trust_env=False),  # loopback only: never via a proxy
     ) as c:
         yield c
@@ -58,9 +60,7 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
         return resp.status, await resp.json(content_type=None)
 
 
-async def post(
-    http: aiohttp.ClientSession, url: str, **kwargs: Any
-) -> tuple[int, Any, aiohttp.ClientResponse]:
+async def post(http: aiohttp.ClientSession, url: str, **kwargs: Any) -> tuple[int, Any, aiohttp.ClientResponse]:
     async with http.post(url, **kwargs) as resp:
         return resp.status, await resp.json(content_type=None), resp
 
@@ -156,9 +156,7 @@ async def test_stop_sequence_is_honoured(client: AsyncOpenAI) -> None:
     assert cut.choices[0].finish_reason == "stop"
 
 
-async def test_models_and_server_info(
-    client: AsyncOpenAI, sim: SimProcess, http: aiohttp.ClientSession
-) -> None:
+async def test_models_and_server_info(client: AsyncOpenAI, sim: SimProcess, http: aiohttp.ClientSession) -> None:
     models = await client.models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].owned_by == "smg-sim"
@@ -173,9 +171,7 @@ async def test_models_and_server_info(
 
 async def test_wrong_model_is_404(client: AsyncOpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as info:
-        await client.chat.completions.create(
-            model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2
-        )
+        await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert info.value.status_code == 404
     assert "nope" in str(info.value)
 
@@ -213,7 +209,8 @@ async def test_generate_single_batch_ids_and_stream(sim: SimProcess, http: aioht
     assert meta["cached_tokens"] == 0 and meta["e2e_latency"] >= 0
 
     status, batch, _ = await post(
-        http, url,
+        http,
+        url,
         json={"text": [text, text + "!"], "sampling_params": {"max_new_tokens": 3}, "rid": ["a", "b"]},
     )
     assert status == 200 and isinstance(batch, list) and len(batch) == 2
@@ -250,9 +247,15 @@ async def test_loads_shape(sim: SimProcess, http: aiohttp.ClientSession) -> None
     assert loads["dp_rank_count"] == 1
     (rank,) = loads["loads"]
     expected = {
-        "dp_rank": int, "num_running_reqs": int, "num_waiting_reqs": int, "num_used_tokens": int,
-        "max_total_num_tokens": int, "token_usage": float, "gen_throughput": float,
-        "cache_hit_rate": float, "utilization": float,
+        "dp_rank": int,
+        "num_running_reqs": int,
+        "num_waiting_reqs": int,
+        "num_used_tokens": int,
+        "max_total_num_tokens": int,
+        "token_usage": float,
+        "gen_throughput": float,
+        "cache_hit_rate": float,
+        "utilization": float,
     }
     assert set(rank) == set(expected)
     for key, kind in expected.items():
@@ -273,10 +276,14 @@ async def test_metrics_exposition(sim: SimProcess, http: aiohttp.ClientSession) 
             name_labels, value = line.rsplit(" ", 1)
             samples[name_labels] = float(value)
     for name, kind in [
-        ("sglang:num_running_reqs", "gauge"), ("sglang:num_queue_reqs", "gauge"),
-        ("sglang:num_used_tokens", "gauge"), ("sglang:token_usage", "gauge"),
-        ("sglang:cache_hit_rate", "gauge"), ("sglang:prompt_tokens_total", "counter"),
-        ("sglang:generation_tokens_total", "counter"), ("sglang:cached_tokens_total", "counter"),
+        ("sglang:num_running_reqs", "gauge"),
+        ("sglang:num_queue_reqs", "gauge"),
+        ("sglang:num_used_tokens", "gauge"),
+        ("sglang:token_usage", "gauge"),
+        ("sglang:cache_hit_rate", "gauge"),
+        ("sglang:prompt_tokens_total", "counter"),
+        ("sglang:generation_tokens_total", "counter"),
+        ("sglang:cached_tokens_total", "counter"),
     ]:
         assert f"# TYPE {name} {kind}" in text
         assert f"# HELP {name} " in text
@@ -318,8 +325,7 @@ async def wait_idle(http: aiohttp.ClientSession, sim: SimProcess) -> None:
 
 
 async def test_client_disconnect_frees_the_slot(busy_sim: SimProcess, http: aiohttp.ClientSession) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "endless"}], "max_tokens": 100_000,
-            "stream": True}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "endless"}], "max_tokens": 100_000, "stream": True}
     async with aiohttp.ClientSession() as own:
         resp = await own.post(f"{busy_sim.url}/v1/chat/completions", json=body)
         for _ in range(3):

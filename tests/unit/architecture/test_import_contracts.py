@@ -18,8 +18,9 @@ def _lint_imports(pythonpath: Path | None = None) -> subprocess.CompletedProcess
     env = dict(os.environ)
     if pythonpath is not None:  # a copy of the router shadows the installed one
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_the_source_keeps_every_contract() -> None:
@@ -51,7 +52,7 @@ def _cycle(graph: grimp.ImportGraph, package: str) -> list[str] | None:
             if not imported.startswith(package):
                 continue
             if state.get(imported) == 1:
-                return [*stack[stack.index(imported):], imported]
+                return [*stack[stack.index(imported) :], imported]
             if imported not in state and (found := visit(imported)):
                 return found
         stack.pop()
@@ -81,5 +82,7 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
         graph = grimp.build_graph("cyclic_pkg", cache_dir=None)
     finally:
         sys.path.remove(str(tmp_path))
-    assert _cycle(graph, "cyclic_pkg") in (["cyclic_pkg.a", "cyclic_pkg.b", "cyclic_pkg.a"],
-                                           ["cyclic_pkg.b", "cyclic_pkg.a", "cyclic_pkg.b"])
+    assert _cycle(graph, "cyclic_pkg") in (
+        ["cyclic_pkg.a", "cyclic_pkg.b", "cyclic_pkg.a"],
+        ["cyclic_pkg.b", "cyclic_pkg.a", "cyclic_pkg.b"],
+    )

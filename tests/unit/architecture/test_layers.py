@@ -26,36 +26,63 @@ def _imports(package_dir: Path) -> dict[str, set[str]]:
 
 
 def _offenders(package_dir: Path, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{path} imports {name}" for path, names in _imports(package_dir).items() for name in sorted(names)
-            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+    return [
+        f"{path} imports {name}"
+        for path, names in _imports(package_dir).items()
+        for name in sorted(names)
+        if any(name == f or name.startswith(f + ".") for f in forbidden)
+    ]
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [
-    ("router/smg_router/tree", ("asyncio", "aiohttp", "prometheus_client", "smg_router", "kopf", "kubernetes")),
-    ("router/smg_router/policies", ("aiohttp", "kopf", "kubernetes", "prometheus_client", "smg_router.proxy",
-                                    "smg_router.handlers", "smg_router.admin", "smg_router.app")),
-    ("router/smg_router", ("kopf", "kubernetes", "smg_sim", "smg_operator")),
-    ("sim/smg_sim", ("smg_router", "smg_operator")),
-    ("operator/smg_operator", ("smg_router", "smg_sim")),
-])
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("router/smg_router/tree", ("asyncio", "aiohttp", "prometheus_client", "smg_router", "kopf", "kubernetes")),
+        (
+            "router/smg_router/policies",
+            (
+                "aiohttp",
+                "kopf",
+                "kubernetes",
+                "prometheus_client",
+                "smg_router.proxy",
+                "smg_router.handlers",
+                "smg_router.admin",
+                "smg_router.app",
+            ),
+        ),
+        ("router/smg_router", ("kopf", "kubernetes", "smg_sim", "smg_operator")),
+        ("sim/smg_sim", ("smg_router", "smg_operator")),
+        ("operator/smg_operator", ("smg_router", "smg_sim")),
+    ],
+)
 def test_layers_point_downward(package: str, forbidden: tuple[str, ...]) -> None:
     assert _offenders(ROOT / package, forbidden) == []
 
 
 def test_only_metrics_imports_prometheus_client() -> None:
-    users = [p for p, names in _imports(ROOT / "router/smg_router").items()
-             if any(n.startswith("prometheus_client") for n in names)]
+    users = [
+        p
+        for p, names in _imports(ROOT / "router/smg_router").items()
+        if any(n.startswith("prometheus_client") for n in names)
+    ]
     assert users == ["router/smg_router/metrics.py"]
 
 
-@pytest.mark.parametrize(("library", "allowed"), [
-    ("kubernetes", {"operator/smg_operator/k8s.py"}),
-    ("kopf", {"operator/smg_operator/handlers.py", "operator/smg_operator/__main__.py"}),
-    ("prometheus_client", {"operator/smg_operator/metrics.py"}),
-])
+@pytest.mark.parametrize(
+    ("library", "allowed"),
+    [
+        ("kubernetes", {"operator/smg_operator/k8s.py"}),
+        ("kopf", {"operator/smg_operator/handlers.py", "operator/smg_operator/__main__.py"}),
+        ("prometheus_client", {"operator/smg_operator/metrics.py"}),
+    ],
+)
 def test_operator_talks_to_each_library_in_one_place(library: str, allowed: set[str]) -> None:
-    users = {p for p, names in _imports(ROOT / "operator/smg_operator").items()
-             if any(n == library or n.startswith(library + ".") for n in names)}
+    users = {
+        p
+        for p, names in _imports(ROOT / "operator/smg_operator").items()
+        if any(n == library or n.startswith(library + ".") for n in names)
+    }
     assert users <= allowed, users
 
 

@@ -16,19 +16,44 @@ from smg_operator.desired import (
 )
 
 
-def pod(name: str, ip: str | None = "127.0.0.5", *, labels=None, ready=True, running=True, terminating=False,
-        ns="ns", annotations=None, uid=None) -> PodInfo:
-    return PodInfo(namespace=ns, name=name, uid=uid or f"uid-{name}", labels=labels or {"app": "w"},
-                   annotations=annotations or {}, ip=ip, running=running, ready=ready, terminating=terminating)
+def pod(
+    name: str,
+    ip: str | None = "127.0.0.5",
+    *,
+    labels=None,
+    ready=True,
+    running=True,
+    terminating=False,
+    ns="ns",
+    annotations=None,
+    uid=None,
+) -> PodInfo:
+    return PodInfo(
+        namespace=ns,
+        name=name,
+        uid=uid or f"uid-{name}",
+        labels=labels or {"app": "w"},
+        annotations=annotations or {},
+        ip=ip,
+        running=running,
+        ready=ready,
+        terminating=terminating,
+    )
 
 
 SPEC = {"role": "regular", "model": "m", "selector": {"matchLabels": {"app": "w"}}, "port": 8000}
 
 
 def test_only_running_ready_non_terminating_selected_pods_are_desired() -> None:
-    pods = [pod("a", "127.0.0.2"), pod("b", "127.0.0.3", ready=False), pod("c", "127.0.0.4", terminating=True),
-            pod("d", "127.0.0.5", running=False), pod("e", None), pod("f", "127.0.0.7", labels={"app": "x"}),
-            pod("g", "127.0.0.8", ns="other")]
+    pods = [
+        pod("a", "127.0.0.2"),
+        pod("b", "127.0.0.3", ready=False),
+        pod("c", "127.0.0.4", terminating=True),
+        pod("d", "127.0.0.5", running=False),
+        pod("e", None),
+        pod("f", "127.0.0.7", labels={"app": "x"}),
+        pod("g", "127.0.0.8", ns="other"),
+    ]
     d = desired_workers(namespace="ns", name="pool", uid="U", spec=SPEC, pods=pods)
     assert [w.url for w in d.workers] == ["http://127.0.0.2:8000"]
     assert d.selected == 5  # a-e match the selector in this namespace
@@ -38,16 +63,26 @@ def test_only_running_ready_non_terminating_selected_pods_are_desired() -> None:
 
 def test_bootstrap_port_annotation_wins_over_the_spec() -> None:
     spec = {**SPEC, "role": "prefill", "bootstrapPort": 8998}
-    pods = [pod("a", "127.0.0.2", annotations={"sglang.ai/bootstrap-port": "9100"}), pod("b", "127.0.0.3"),
-            pod("c", "127.0.0.4", annotations={"sglang.ai/bootstrap-port": "junk"})]
-    ports = {w.pod: w.bootstrap_port for w in desired_workers(namespace="ns", name="p", uid="U", spec=spec,
-                                                              pods=pods).workers}
+    pods = [
+        pod("a", "127.0.0.2", annotations={"sglang.ai/bootstrap-port": "9100"}),
+        pod("b", "127.0.0.3"),
+        pod("c", "127.0.0.4", annotations={"sglang.ai/bootstrap-port": "junk"}),
+    ]
+    ports = {
+        w.pod: w.bootstrap_port
+        for w in desired_workers(namespace="ns", name="p", uid="U", spec=spec, pods=pods).workers
+    }
     assert ports == {"a": 9100, "b": 8998, "c": 8998}
 
 
 def test_static_endpoints_and_policy_label() -> None:
-    spec = {"role": "decode", "model": "m", "endpoints": ["http://127.0.0.9:7000/"], "policy": "cache_aware",
-            "labels": {"zone": "a"}}
+    spec = {
+        "role": "decode",
+        "model": "m",
+        "endpoints": ["http://127.0.0.9:7000/"],
+        "policy": "cache_aware",
+        "labels": {"zone": "a"},
+    }
     d = desired_workers(namespace="ns", name="p", uid="U", spec=spec, pods=[pod("a")])
     (w,) = d.workers
     assert w.url == "http://127.0.0.9:7000" and w.role == "decode" and w.pod is None
@@ -55,16 +90,19 @@ def test_static_endpoints_and_policy_label() -> None:
     assert d.selected == 1
 
 
-@pytest.mark.parametrize(("selector", "labels", "match"), [
-    ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
-    ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
-    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
-    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
-    ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}, False),
-    ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {}, True),
-    ({}, {"a": "1"}, False),
-    (None, {"a": "1"}, False),
-])
+@pytest.mark.parametrize(
+    ("selector", "labels", "match"),
+    [
+        ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+        ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+        ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {}, True),
+        ({}, {"a": "1"}, False),
+        (None, {"a": "1"}, False),
+    ],
+)
 def test_label_selectors(selector, labels, match) -> None:
     assert selector_matches(selector, labels) is match
 
@@ -72,25 +110,32 @@ def test_label_selectors(selector, labels, match) -> None:
 def test_router_replicas_are_the_running_pods_the_service_selects() -> None:
     target = RouterTarget(service="smg", namespace="ns", port=30000)
     app = {"app": "smg"}
-    pods = [pod("r1", "127.0.0.2", labels=app),
-            pod("r2", "127.0.0.3", labels=app, ready=False),  # not Ready yet: it needs its workers from us
-            pod("r3", "127.0.0.4", labels=app, terminating=True), pod("r4", "127.0.0.5", labels=app, running=False),
-            pod("r5", None, labels=app), pod("w1", "127.0.0.6", labels={"app": "w"}),
-            pod("r6", "127.0.0.7", labels=app, ns="elsewhere")]
+    pods = [
+        pod("r1", "127.0.0.2", labels=app),
+        pod("r2", "127.0.0.3", labels=app, ready=False),  # not Ready yet: it needs its workers from us
+        pod("r3", "127.0.0.4", labels=app, terminating=True),
+        pod("r4", "127.0.0.5", labels=app, running=False),
+        pod("r5", None, labels=app),
+        pod("w1", "127.0.0.6", labels={"app": "w"}),
+        pod("r6", "127.0.0.7", labels=app, ns="elsewhere"),
+    ]
     assert [(r.pod, r.url) for r in router_replicas(target, app, pods)] == [
-        ("r1", "http://127.0.0.2:30000"), ("r2", "http://127.0.0.3:30000")]
+        ("r1", "http://127.0.0.2:30000"),
+        ("r2", "http://127.0.0.3:30000"),
+    ]
     assert router_replicas(target, {}, pods) == []
 
 
 def test_plan_touches_only_owned_workers() -> None:
-    d = desired_workers(namespace="ns", name="p", uid="U", spec=SPEC,
-                        pods=[pod("a", "127.0.0.2"), pod("b", "127.0.0.3")])
+    d = desired_workers(
+        namespace="ns", name="p", uid="U", spec=SPEC, pods=[pod("a", "127.0.0.2"), pod("b", "127.0.0.3")]
+    )
     a, b = d.workers
     current = [
-        {"id": "wa", "url": a.url, **a.registration()},                               # mine, same: keep
+        {"id": "wa", "url": a.url, **a.registration()},  # mine, same: keep
         {"id": "wb", "url": b.url, **{**b.registration(), "labels": {OWNER_UID: "U", POD_UID: "old"}}},  # recreated
-        {"id": "wx", "url": "http://127.0.0.9:8000", "labels": {OWNER_UID: "U"}},     # mine, gone: remove
-        {"id": "wh", "url": "http://127.0.0.8:8000", "labels": {}},                   # a person's: leave alone
+        {"id": "wx", "url": "http://127.0.0.9:8000", "labels": {OWNER_UID: "U"}},  # mine, gone: remove
+        {"id": "wh", "url": "http://127.0.0.8:8000", "labels": {}},  # a person's: leave alone
     ]
     p = plan(d.workers, current, owner_uid="U")
     assert p.add == () and [wid for wid, _ in p.replace] == ["wb"] and p.remove == ("wx",) and p.conflicts == ()
@@ -100,9 +145,15 @@ def test_plan_touches_only_owned_workers() -> None:
 
 
 def test_pod_info_reads_a_pod_body() -> None:
-    body = {"metadata": {"namespace": "ns", "name": "a", "uid": "u1", "labels": {"x": "y"},
-                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
-            "status": {"phase": "Running", "podIP": "127.0.0.2",
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    body = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "a",
+            "uid": "u1",
+            "labels": {"x": "y"},
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "status": {"phase": "Running", "podIP": "127.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
     info = pod_info(body)
     assert info.ready and info.running and info.terminating and not info.serving

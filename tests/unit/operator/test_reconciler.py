@@ -18,8 +18,14 @@ from smg_operator.settings import OperatorSettings
 
 NS, NAME, UID = "ns", "llama", "uid-1"
 SERVICE = {(NS, "smg-router"): [{"app": "router"}]}
-SPEC = {"role": "regular", "model": "m", "selector": {"matchLabels": {"pool": "llama"}}, "port": 8000,
-        "drainTimeoutSeconds": 1, "router": {"service": "smg-router"}}
+SPEC = {
+    "role": "regular",
+    "model": "m",
+    "selector": {"matchLabels": {"pool": "llama"}},
+    "port": 8000,
+    "drainTimeoutSeconds": 1,
+    "router": {"service": "smg-router"},
+}
 
 
 class FakeKube:
@@ -67,8 +73,17 @@ def closed_port() -> int:
 
 
 def router_pod(ip: str = "127.0.0.1") -> PodInfo:
-    return PodInfo(namespace=NS, name="router-0", uid="r0", labels={"app": "router"}, annotations={}, ip=ip,
-                   running=True, ready=True, terminating=False)
+    return PodInfo(
+        namespace=NS,
+        name="router-0",
+        uid="r0",
+        labels={"app": "router"},
+        annotations={},
+        ip=ip,
+        running=True,
+        ready=True,
+        terminating=False,
+    )
 
 
 @pytest.fixture
@@ -79,8 +94,12 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 def runtime(session: aiohttp.ClientSession, kube: FakeKube, **settings: Any) -> Runtime:
     metrics = OperatorMetrics()
-    return Runtime(settings=OperatorSettings(**settings), metrics=metrics, kube=kube,
-                   routers=RouterClient(session=session, token=None, metrics=metrics, timeout=2.0))
+    return Runtime(
+        settings=OperatorSettings(**settings),
+        metrics=metrics,
+        kube=kube,
+        routers=RouterClient(session=session, token=None, metrics=metrics, timeout=2.0),
+    )
 
 
 def reconciles(rt: Runtime, result: str) -> float:
@@ -103,15 +122,24 @@ def test_the_finalizer_retry_delay_doubles_from_one_second_up_to_thirty() -> Non
 
 
 async def test_the_finalizer_keeps_retrying_while_a_replica_is_unreachable_and_warns_on_the_first_and_every_tenth(
-        session: aiohttp.ClientSession) -> None:
+    session: aiohttp.ClientSession,
+) -> None:
     kube = FakeKube()
     rt = runtime(session, kube, router_port=closed_port())
     rt.generations[(NS, NAME)] = 1
     delays = []
     for retry in range(12):
         with pytest.raises(DeregistrationPending, match="router unreachable; retrying: router-0: ") as pending:
-            await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, retry=retry, pods={NS: [router_pod()]},
-                           services=SERVICE)
+            await finalize(
+                rt,
+                namespace=NS,
+                name=NAME,
+                uid=UID,
+                spec=SPEC,
+                retry=retry,
+                pods={NS: [router_pod()]},
+                services=SERVICE,
+            )
         delays.append(pending.value.delay)
     assert delays == [retry_delay(r) for r in range(12)]
     assert [(t, r) for t, r, _ in kube.events] == [("Warning", "RouterUnreachable")] * 2  # retries 0 and 10
@@ -122,15 +150,17 @@ async def test_the_finalizer_keeps_retrying_while_a_replica_is_unreachable_and_w
 
 
 async def test_the_finalizer_forgets_the_smgworker_once_no_replica_holds_its_workers(
-        session: aiohttp.ClientSession) -> None:
+    session: aiohttp.ClientSession,
+) -> None:
     kube = FakeKube()
     rt = runtime(session, kube)
     rt.generations[(NS, NAME)] = 1
     rt.metrics.registered.labels(f"{NS}/{NAME}").set(2)
     await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, retry=0, pods={}, services=SERVICE)
     assert rt.generations == {}
-    assert rt.metrics.registry.get_sample_value("smg_operator_registered_workers", {"smgworker": f"{NS}/{NAME}"}) \
-        is None
+    assert (
+        rt.metrics.registry.get_sample_value("smg_operator_registered_workers", {"smgworker": f"{NS}/{NAME}"}) is None
+    )
     assert kube.patches == [] and kube.events == []
 
 
@@ -148,13 +178,16 @@ def test_a_new_generation_pokes_the_loop_and_our_own_status_write_does_not(sessi
 
 
 async def test_the_loop_writes_an_unchanged_status_once_and_stops_when_the_daemon_is_stopped(
-        session: aiohttp.ClientSession) -> None:
+    session: aiohttp.ClientSession,
+) -> None:
     body: dict[str, Any] = {"metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": 1}, "spec": SPEC}
     kube = FakeKube(body)
     rt = runtime(session, kube, reconcile_interval=0.01)
     stopped = FakeStopped()
-    loop = asyncio.create_task(keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=stopped,
-                                               pods={}, services={}), name="test-reconcile-loop")
+    loop = asyncio.create_task(
+        keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=stopped, pods={}, services={}),
+        name="test-reconcile-loop",
+    )
     await until(lambda: reconciles(rt, "degraded") >= 5, what="five reconcile passes")
     assert (NS, NAME) in rt.pokes
     stopped.set()
@@ -167,10 +200,20 @@ async def test_the_loop_writes_an_unchanged_status_once_and_stops_when_the_daemo
 
 
 async def test_the_loop_of_an_smgworker_being_deleted_ends_without_a_pass(session: aiohttp.ClientSession) -> None:
-    body: dict[str, Any] = {"metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": 2,
-                                         "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": SPEC}
+    body: dict[str, Any] = {
+        "metadata": {
+            "namespace": NS,
+            "name": NAME,
+            "uid": UID,
+            "generation": 2,
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": SPEC,
+    }
     kube = FakeKube(body)
     rt = runtime(session, kube)
-    await asyncio.wait_for(keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=FakeStopped(),
-                                           pods={}, services={}), timeout=30)
+    await asyncio.wait_for(
+        keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=FakeStopped(), pods={}, services={}),
+        timeout=30,
+    )
     assert rt.pokes == {} and kube.patches == [] and reconciles(rt, "degraded") == 0

@@ -5,8 +5,18 @@ from __future__ import annotations
 from smg_operator.desired import Desired, DesiredWorker
 from smg_operator.status import Observed, ReplicaResult, build_status, differs
 
-W = [DesiredWorker(url=f"http://127.0.0.{i}:8000", role="regular", model_id="m", bootstrap_port=None, labels={},
-                   owner="o", pod=f"p{i}") for i in (2, 3)]
+W = [
+    DesiredWorker(
+        url=f"http://127.0.0.{i}:8000",
+        role="regular",
+        model_id="m",
+        bootstrap_port=None,
+        labels={},
+        owner="o",
+        pod=f"p{i}",
+    )
+    for i in (2, 3)
+]
 URLS = frozenset(w.url for w in W)
 
 
@@ -15,18 +25,25 @@ def conditions(status):
 
 
 def test_all_registered_is_ready() -> None:
-    obs = Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", True, URLS),
-                                                            ReplicaResult("r2", "u2", True, URLS)])
+    obs = Observed(
+        desired=Desired(tuple(W), 2),
+        replicas=[ReplicaResult("r1", "u1", True, URLS), ReplicaResult("r2", "u2", True, URLS)],
+    )
     status, events = build_status(obs, generation=3, now="T1", previous=None)
-    assert conditions(status) == {"Ready": ("True", "Ready"), "EndpointsResolved": ("True", "EndpointsFound"),
-                                  "Registered": ("True", "RegisteredOnAllReplicas")}
+    assert conditions(status) == {
+        "Ready": ("True", "Ready"),
+        "EndpointsResolved": ("True", "EndpointsFound"),
+        "Registered": ("True", "RegisteredOnAllReplicas"),
+    }
     assert status["ready"] == "2/2" and status["registeredEndpoints"] == 2 and status["observedGeneration"] == 3
     assert all(e["registered"] for e in status["endpoints"]) and events == []
 
 
 def test_unreachable_router_is_reported_once_then_recovered() -> None:
-    bad = Observed(desired=Desired(tuple(W), 3), replicas=[ReplicaResult("r1", "u1", True, URLS),
-                                                            ReplicaResult("r2", "u2", False, error="refused")])
+    bad = Observed(
+        desired=Desired(tuple(W), 3),
+        replicas=[ReplicaResult("r1", "u1", True, URLS), ReplicaResult("r2", "u2", False, error="refused")],
+    )
     status, events = build_status(bad, generation=1, now="T1", previous=None)
     assert conditions(status)["Registered"] == ("False", "RouterUnreachable")
     assert conditions(status)["Ready"] == ("False", "RouterUnreachable")
@@ -35,8 +52,10 @@ def test_unreachable_router_is_reported_once_then_recovered() -> None:
     again, events = build_status(bad, generation=1, now="T2", previous=status)
     assert events == []
     assert again["conditions"][2]["lastTransitionTime"] == "T1"  # unchanged condition keeps its time
-    good = Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", True, URLS),
-                                                             ReplicaResult("r2", "u2", True, URLS)])
+    good = Observed(
+        desired=Desired(tuple(W), 2),
+        replicas=[ReplicaResult("r1", "u1", True, URLS), ReplicaResult("r2", "u2", True, URLS)],
+    )
     fixed, events = build_status(good, generation=1, now="T3", previous=again)
     assert [(e.type, e.reason) for e in events] == [("Normal", "Recovered")]
     assert fixed["conditions"][2]["lastTransitionTime"] == "T3" and fixed["lastError"] is None
@@ -45,9 +64,11 @@ def test_unreachable_router_is_reported_once_then_recovered() -> None:
 def test_no_pods_and_no_router() -> None:
     obs = Observed(desired=Desired((), 0), replicas=[], router_problem=("RouterServiceNotFound", "Service x/y"))
     status, events = build_status(obs, generation=1, now="T", previous=None)
-    assert conditions(status) == {"Ready": ("False", "NoMatchingPods"),
-                                  "EndpointsResolved": ("False", "NoMatchingPods"),
-                                  "Registered": ("False", "RouterServiceNotFound")}
+    assert conditions(status) == {
+        "Ready": ("False", "NoMatchingPods"),
+        "EndpointsResolved": ("False", "NoMatchingPods"),
+        "Registered": ("False", "RouterServiceNotFound"),
+    }
     assert [e.reason for e in events] == ["RouterServiceNotFound"]
 
 
@@ -59,6 +80,10 @@ def test_a_status_differs_only_by_more_than_its_sync_times() -> None:
     assert not differs(later, first)
     assert not differs(first, {k: v for k, v in first.items() if k != "lastError"})  # null == absent
     assert differs({**first, "registeredEndpoints": 1}, first)
-    unreachable, _ = build_status(Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", False)]),
-                                  generation=1, now="T1", previous=None)
+    unreachable, _ = build_status(
+        Observed(desired=Desired(tuple(W), 2), replicas=[ReplicaResult("r1", "u1", False)]),
+        generation=1,
+        now="T1",
+        previous=None,
+    )
     assert differs(unreachable, first)

@@ -42,8 +42,11 @@ def test_environment_sets_every_flag(monkeypatch) -> None:
 
 
 def test_bad_worker_urls_on_the_command_line_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--worker-urls", "localhost:8000"], ["--pd-disaggregation", "--decode", "ftp://x"],
-                 ["--pd-disaggregation", "--prefill", "http://127.0.0.2:8000", "port"]):
+    for argv in (
+        ["--worker-urls", "localhost:8000"],
+        ["--pd-disaggregation", "--decode", "ftp://x"],
+        ["--pd-disaggregation", "--prefill", "http://127.0.0.2:8000", "port"],
+    ):
         with pytest.raises(SystemExit) as exc:
             parse_settings(argv)
         assert exc.value.code == 2

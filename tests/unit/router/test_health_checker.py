@@ -41,8 +41,11 @@ def _checker(*, model: str | None = "m", success: int = 1, failure: int = 3):  #
     policies = PolicyRegistry(PolicyFactory(settings=PolicySettings(), loads=loads, metrics=metrics), PolicySettings())
     lifecycle = Lifecycle(registry=registry, policies=policies, loads=loads, metrics=metrics, retry=RetrySettings())
     probes = ScriptedProbes()
-    checker = HealthChecker(probes=probes, lifecycle=lifecycle,  # type: ignore[arg-type]
-                            settings=HealthSettings(success_threshold=success, failure_threshold=failure))
+    checker = HealthChecker(
+        probes=probes,
+        lifecycle=lifecycle,  # type: ignore[arg-type]
+        settings=HealthSettings(success_threshold=success, failure_threshold=failure),
+    )
     worker, _ = lifecycle.add(WorkerSpec(url=URL, model_id=model))
     return checker, lifecycle, probes, worker, metrics
 

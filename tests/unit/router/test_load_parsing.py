@@ -14,18 +14,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from smg_router.fleet.load_monitor import BACKLOG_GAUGES, MAX_BACKLOG, parse_loads, parse_metrics
 
-HOSTILE_NUMBERS = ["+Inf", "-Inf", "Inf", "NaN", "nan", "1e309", "-1e309", "-1", "-0.5", "1e10",
-                   str(MAX_BACKLOG + 1), "9223372036854775807", "1.8446744073709552e19"]
+HOSTILE_NUMBERS = [
+    "+Inf",
+    "-Inf",
+    "Inf",
+    "NaN",
+    "nan",
+    "1e309",
+    "-1e309",
+    "-1",
+    "-0.5",
+    "1e10",
+    str(MAX_BACKLOG + 1),
+    "9223372036854775807",
+    "1.8446744073709552e19",
+]
 
 
 def _loads(running: str, waiting: str = "0") -> bytes:
-    return (b'{"timestamp": "2026-01-01T00:00:00Z", "dp_rank_count": 1, "loads": [{"dp_rank": 0, '
-            b'"num_running_reqs": ' + running.encode() + b', "num_waiting_reqs": ' + waiting.encode() + b"}]}")
+    return (
+        b'{"timestamp": "2026-01-01T00:00:00Z", "dp_rank_count": 1, "loads": [{"dp_rank": 0, '
+        b'"num_running_reqs": ' + running.encode() + b', "num_waiting_reqs": ' + waiting.encode() + b"}]}"
+    )
 
 
 def test_a_good_loads_report_sums_running_and_waiting_over_ranks() -> None:
-    body = (b'{"loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
-            b'{"dp_rank": 1, "num_running_reqs": 5.0}]}')  # a missing counter is 0, a whole float is fine
+    body = (
+        b'{"loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
+        b'{"dp_rank": 1, "num_running_reqs": 5.0}]}'
+    )  # a missing counter is 0, a whole float is fine
     assert parse_loads(body) == 12
     assert parse_loads(b'{"loads": []}') == 0
     assert parse_loads(_loads(str(MAX_BACKLOG))) == MAX_BACKLOG  # the bound itself is still a report
@@ -52,14 +69,15 @@ def test_ranks_that_add_up_to_an_absurd_backlog_are_a_bad_report() -> None:
 
 
 def test_a_good_metrics_exposition_sums_the_backlog_gauges() -> None:
-    text = ('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 2.0\n'
-            'sglang:num_queue_reqs{model_name="m"} 5 1700000000\nsglang:token_usage{model_name="m"} NaN\n')
+    text = (
+        '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 2.0\n'
+        'sglang:num_queue_reqs{model_name="m"} 5 1700000000\nsglang:token_usage{model_name="m"} NaN\n'
+    )
     assert parse_metrics(text) == 7  # a NaN in a gauge we do not read is not our business
 
 
 @pytest.mark.parametrize("number", [*HOSTILE_NUMBERS, "abc", "0x10", ""])
-@pytest.mark.parametrize("gauge", ["sglang:num_queue_reqs", "vllm:num_requests_waiting",
-                                   "llamacpp:requests_deferred"])
+@pytest.mark.parametrize("gauge", ["sglang:num_queue_reqs", "vllm:num_requests_waiting", "llamacpp:requests_deferred"])
 def test_a_hostile_number_in_a_backlog_gauge_is_a_bad_report(gauge: str, number: str) -> None:
     for line in (f"{gauge} {number}", f'{gauge}{{model_name="m"}} {number}'):
         with pytest.raises(ValueError):
@@ -81,7 +99,8 @@ _JSON = st.recursive(
     max_leaves=20,
 )
 _NUMBER_LITERAL = st.sampled_from(HOSTILE_NUMBERS) | st.from_regex(
-    r"\A-?(0|[1-9][0-9]{0,400})(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?\Z")
+    r"\A-?(0|[1-9][0-9]{0,400})(\.[0-9]+)?([eE][+-]?[0-9]{1,4})?\Z"
+)
 
 
 def _is_report_or_value_error(parse, raw) -> None:  # type: ignore[no-untyped-def]
@@ -102,8 +121,9 @@ def test_parse_loads_on_any_json_returns_a_bounded_count_or_raises_value_error(d
 
 @settings(max_examples=300, deadline=None)
 @given(running=_NUMBER_LITERAL, waiting=_NUMBER_LITERAL)
-def test_parse_loads_on_any_number_literal_returns_a_bounded_count_or_raises_value_error(running: str,
-                                                                                         waiting: str) -> None:
+def test_parse_loads_on_any_number_literal_returns_a_bounded_count_or_raises_value_error(
+    running: str, waiting: str
+) -> None:
     _is_report_or_value_error(parse_loads, _loads(running, waiting))
 
 

@@ -19,8 +19,13 @@ def _proxy(env: Env, *workers) -> Proxy:  # type: ignore[no-untyped-def]
         registry.add(w)
     policies = PolicyRegistry(env.factory, env.settings)
     policies.sync(registry)
-    return Proxy(registry=registry, policies=policies, upstream=Upstream(connect_timeout=1, total_timeout=1),
-                 metrics=env.metrics, retry=RetrySettings())
+    return Proxy(
+        registry=registry,
+        policies=policies,
+        upstream=Upstream(connect_timeout=1, total_timeout=1),
+        metrics=env.metrics,
+        retry=RetrySettings(),
+    )
 
 
 def test_a_served_model_routes_by_its_name_and_an_unserved_one_is_404(env: Env) -> None:

@@ -15,8 +15,16 @@ from smg_router.workers.worker import ROLES, SpecError, Worker, WorkerSpec, Work
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 ADMIN_KEY, API_KEY = "admin-secret", "api-secret"
-VALID_VALUES = {"url": "http://127.0.0.2:8000", "role": "prefill", "model_id": "m", "bootstrap_port": 8998,
-                "labels": {"a": "b"}, "priority": 3, "owner": "smg-operator", "draining": True}
+VALID_VALUES = {
+    "url": "http://127.0.0.2:8000",
+    "role": "prefill",
+    "model_id": "m",
+    "bootstrap_port": 8998,
+    "labels": {"a": "b"},
+    "priority": 3,
+    "owner": "smg-operator",
+    "draining": True,
+}
 
 
 def _app() -> Any:
@@ -24,8 +32,9 @@ def _app() -> Any:
 
 
 def _documented() -> set[tuple[str, str]]:
-    return {(method.upper(), path) for path, item in document()["paths"].items() for method in item
-            if method in METHODS}
+    return {
+        (method.upper(), path) for path, item in document()["paths"].items() for method in item if method in METHODS
+    }
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -93,8 +102,9 @@ async def test_documented_security_is_the_bearer_check_the_handlers_make() -> No
                     key = API_KEY if needs == [{"apiKey": []}] else ADMIN_KEY
                     wrong = ADMIN_KEY if key == API_KEY else API_KEY
                     headers = {"Authorization": f"Bearer {wrong}"}
-                    async with client.request(method, path.replace("{worker_id}", "w-0"), data=b"{}",
-                                              headers=headers) as other:
+                    async with client.request(
+                        method, path.replace("{worker_id}", "w-0"), data=b"{}", headers=headers
+                    ) as other:
                         assert other.status == 401, (method, path, "the other key was accepted")
 
 

@@ -10,9 +10,11 @@ from smg_router.workers.worker import SpecError, normalize_url
 
 
 def test_chat_routing_text_covers_every_message_in_order() -> None:
-    raw = (b'{"model": "m", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": '
-           b'[{"type": "text", "text": "U1"}, {"type": "image_url", "image_url": {}}]}, '
-           b'{"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}]}')
+    raw = (
+        b'{"model": "m", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": '
+        b'[{"type": "text", "text": "U1"}, {"type": "image_url", "image_url": {}}]}, '
+        b'{"role": "assistant", "content": "A"}, {"role": "user", "content": "U2"}]}'
+    )
     p = parse_request("chat", raw)
     assert p.text == "<|system|>S\n<|user|>U1\n<|assistant|>A\n<|user|>U2\n"
     # a conversation that grows keeps its earlier text as a prefix
@@ -28,26 +30,38 @@ def test_generate_text_and_token_ids() -> None:
     assert parse_request("completions", b'{"prompt": "x", "stream": true}').stream is True
 
 
-@pytest.mark.parametrize(("kind", "raw", "words"), [
-    ("chat", b"", "empty"), ("chat", b"{", "not valid JSON"), ("chat", b'"s"', "JSON object"),
-    ("chat", b'{"messages": []}', "messages"), ("chat", b'{"messages": [{"content": "x"}]}', "role"),
-    ("completions", b'{"prompt": {"a": 1}}', "prompt"), ("generate", b"{}", "text or input_ids"),
-    ("chat", b'{"model": 3, "messages": [{"role": "u", "content": "x"}]}', "model"),
-])
+@pytest.mark.parametrize(
+    ("kind", "raw", "words"),
+    [
+        ("chat", b"", "empty"),
+        ("chat", b"{", "not valid JSON"),
+        ("chat", b'"s"', "JSON object"),
+        ("chat", b'{"messages": []}', "messages"),
+        ("chat", b'{"messages": [{"content": "x"}]}', "role"),
+        ("completions", b'{"prompt": {"a": 1}}', "prompt"),
+        ("generate", b"{}", "text or input_ids"),
+        ("chat", b'{"model": 3, "messages": [{"role": "u", "content": "x"}]}', "model"),
+    ],
+)
 def test_bad_bodies_name_the_problem(kind: str, raw: bytes, words: str) -> None:
     with pytest.raises(BadRequest, match=words):
         parse_request(kind, raw)
 
 
 def test_parse_loads_sums_ranks_and_refuses_garbage() -> None:
-    body = (b'{"timestamp": "2026-11-30T10:00:00Z", "dp_rank_count": 2, "loads": ['
-            b'{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
-            b'{"dp_rank": 1, "num_running_reqs": 499999996, "num_waiting_reqs": 499999997}]}')
+    body = (
+        b'{"timestamp": "2026-11-30T10:00:00Z", "dp_rank_count": 2, "loads": ['
+        b'{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 4},'
+        b'{"dp_rank": 1, "num_running_reqs": 499999996, "num_waiting_reqs": 499999997}]}'
+    )
     assert parse_loads(body) == 10**9  # exact at the bound (MAX_BACKLOG)
     # issue 9: negative, non-numeric and absurd counters are a bad report, not 0 or a huge load
     # (hostile numbers in full: test_load_parsing.py)
-    for bad in (b'{"loads": [{"num_running_reqs": -5}]}', b'{"loads": [{"num_waiting_reqs": true}]}',
-                b'{"loads": [{"num_running_reqs": 9223372036854775807}]}'):
+    for bad in (
+        b'{"loads": [{"num_running_reqs": -5}]}',
+        b'{"loads": [{"num_waiting_reqs": true}]}',
+        b'{"loads": [{"num_running_reqs": 9223372036854775807}]}',
+    ):
         with pytest.raises(ValueError):
             parse_loads(bad)
     with pytest.raises(ValueError):

@@ -26,30 +26,62 @@ from smg_router.request import ENDPOINTS, ProxyRequest, parse_request
 from smg_router.workers.worker import ROLES, SpecError, WorkerSpec, normalize_url
 
 KINDS = sorted(ENDPOINTS)
-SETTINGS = settings(max_examples=250, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=250,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # -- strategies ----------------------------------------------------------------------------------
-_SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
-JSON_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-_TOKEN = (st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.integers(min_value=0, max_value=0x10FFFF)
-          | st.booleans())
-_CONTENT = (st.none() | st.text(max_size=20) | JSON_VALUES
-            | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"])},
-                                             optional={"text": JSON_VALUES | st.text(max_size=10)}) | JSON_VALUES,
-                       max_size=3))
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+JSON_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_TOKEN = (
+    st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.integers(min_value=0, max_value=0x10FFFF) | st.booleans()
+)
+_CONTENT = (
+    st.none()
+    | st.text(max_size=20)
+    | JSON_VALUES
+    | st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "image_url"])}, optional={"text": JSON_VALUES | st.text(max_size=10)}
+        )
+        | JSON_VALUES,
+        max_size=3,
+    )
+)
 _ROLE = st.sampled_from(["system", "user", "assistant", "tool", ""]) | st.text(max_size=6)
 GOOD_MESSAGE = st.fixed_dictionaries({"role": _ROLE}, optional={"content": _CONTENT, "name": JSON_VALUES})
 MESSAGE = GOOD_MESSAGE | st.fixed_dictionaries({}, optional={"role": _ROLE | JSON_VALUES, "content": _CONTENT})
-_PROMPT = (st.text(max_size=20) | st.lists(st.text(max_size=8), max_size=3) | st.lists(_TOKEN, max_size=4)
-           | st.lists(st.lists(_TOKEN, max_size=3), max_size=3) | JSON_VALUES)
+_PROMPT = (
+    st.text(max_size=20)
+    | st.lists(st.text(max_size=8), max_size=3)
+    | st.lists(_TOKEN, max_size=4)
+    | st.lists(st.lists(_TOKEN, max_size=3), max_size=3)
+    | JSON_VALUES
+)
 _COMMON = {"model": st.text(max_size=8) | JSON_VALUES, "stream": JSON_VALUES, "max_tokens": JSON_VALUES}
 # bodies close to what each endpoint wants, so the fields' own checks are reached, not only "not an object"
 BODIES = {
-    "chat": st.fixed_dictionaries({}, optional={"messages": st.lists(GOOD_MESSAGE, min_size=1, max_size=4)
-                                                | st.lists(MESSAGE, max_size=4) | JSON_VALUES, **_COMMON}),
+    "chat": st.fixed_dictionaries(
+        {},
+        optional={
+            "messages": st.lists(GOOD_MESSAGE, min_size=1, max_size=4) | st.lists(MESSAGE, max_size=4) | JSON_VALUES,
+            **_COMMON,
+        },
+    ),
     "completions": st.fixed_dictionaries({}, optional={"prompt": _PROMPT, **_COMMON}),
     "generate": st.fixed_dictionaries({}, optional={"text": _PROMPT, "input_ids": _PROMPT, **_COMMON}),
 }
@@ -75,8 +107,11 @@ def _check_record(kind: str, raw: bytes, record: ProxyRequest) -> None:
     assert record.requested_model == body.get("model")
     assert record.stream is (body.get("stream") is True)
     assert body.get("stream") is None or isinstance(body["stream"], bool)  # as the worker will read it too
-    routed_by = {"chat": None, "completions": "prompt",
-                 "generate": "input_ids" if body.get("text") is None else "text"}[kind]
+    routed_by = {
+        "chat": None,
+        "completions": "prompt",
+        "generate": "input_ids" if body.get("text") is None else "text",
+    }[kind]
     value = body.get(routed_by) if routed_by else None  # true is no token id (Python's bool is an int)
     items = [i for v in value for i in (v if isinstance(v, list) else [v])] if isinstance(value, list) else []
     assert not any(isinstance(i, bool) for i in items), (routed_by, value)
@@ -115,10 +150,11 @@ def test_near_valid_bodies_give_a_record_describing_them_or_a_bad_request(kind: 
 
 
 @SETTINGS
-@given(conversation=st.lists(GOOD_MESSAGE, min_size=1, max_size=5) | st.lists(MESSAGE, min_size=1, max_size=5),
-       more=MESSAGE)
-def test_a_chat_extended_by_one_message_keeps_its_routing_text_as_a_prefix(conversation: list[Any],
-                                                                             more: Any) -> None:
+@given(
+    conversation=st.lists(GOOD_MESSAGE, min_size=1, max_size=5) | st.lists(MESSAGE, min_size=1, max_size=5),
+    more=MESSAGE,
+)
+def test_a_chat_extended_by_one_message_keeps_its_routing_text_as_a_prefix(conversation: list[Any], more: Any) -> None:
     shorter = _parse_or_bad_request("chat", _encode({"messages": conversation}))
     longer = _parse_or_bad_request("chat", _encode({"messages": [*conversation, more]}))
     if shorter is None:  # a bad message stays bad when another follows it
@@ -129,10 +165,13 @@ def test_a_chat_extended_by_one_message_keeps_its_routing_text_as_a_prefix(conve
 
 @pytest.mark.parametrize(("kind", "field"), [("completions", "prompt"), ("generate", "input_ids")])
 @SETTINGS
-@given(ids=st.lists(st.integers(min_value=0, max_value=0x10FFFF), min_size=1, max_size=8),
-       more=st.lists(st.integers(min_value=0, max_value=0x10FFFF), min_size=1, max_size=8))
-def test_token_ids_extended_keep_their_routing_text_as_a_prefix(kind: str, field: str, ids: list[int],
-                                                                 more: list[int]) -> None:
+@given(
+    ids=st.lists(st.integers(min_value=0, max_value=0x10FFFF), min_size=1, max_size=8),
+    more=st.lists(st.integers(min_value=0, max_value=0x10FFFF), min_size=1, max_size=8),
+)
+def test_token_ids_extended_keep_their_routing_text_as_a_prefix(
+    kind: str, field: str, ids: list[int], more: list[int]
+) -> None:
     shorter = parse_request(kind, _encode({field: ids}))
     longer = parse_request(kind, _encode({field: ids + more}))
     assert len(shorter.text) == len(ids)  # one character per token
@@ -148,21 +187,39 @@ def test_string_prompts_are_their_own_routing_text(text: str, prompts: list[str]
 
 
 # -- normalize_url and WorkerSpec.from_json -------------------------------------------------------
-_HOSTS = (st.sampled_from(["127.0.0.2", "localhost", "10.0.0.5", "[::1]", "[", "[::1", "[v1.x]", "a b", "a\\b",
-                           "ex\u2100ample", "\u0130", "h%20", ""])
-          | st.text(max_size=10))
+_HOSTS = st.sampled_from(
+    [
+        "127.0.0.2",
+        "localhost",
+        "10.0.0.5",
+        "[::1]",
+        "[",
+        "[::1",
+        "[v1.x]",
+        "a b",
+        "a\\b",
+        "ex\u2100ample",
+        "\u0130",
+        "h%20",
+        "",
+    ]
+) | st.text(max_size=10)
 _PORTS = st.none() | st.integers(min_value=-1, max_value=70000).map(str) | st.text(max_size=6)
 URLS = st.builds(
     lambda scheme, user, host, port, tail: f"{scheme}{user}{host}{'' if port is None else ':' + port}{tail}",
     st.sampled_from(["http://", "https://", "HTTP://", "ftp://", "http:", "//", ""]),
     st.sampled_from(["", "", "", "user@", "u:p@", "@"]),
-    _HOSTS, _PORTS,
+    _HOSTS,
+    _PORTS,
     st.sampled_from(["", "/", "//", "/v1", "?a=1", "#f", "?", " "]) | st.text(max_size=4),
 ) | st.text(max_size=30)
-_GOOD_URLS = st.builds("{}://{}{}{}".format, st.sampled_from(["http", "https", "HTTP"]),
-                       st.sampled_from(["127.0.0.2", "localhost", "[::1]", "worker-0.smg.svc"]),
-                       st.none().map(lambda _: "") | st.integers(min_value=1, max_value=65535).map(":{}".format),
-                       st.sampled_from(["", "/", " "]))
+_GOOD_URLS = st.builds(
+    "{}://{}{}{}".format,
+    st.sampled_from(["http", "https", "HTTP"]),
+    st.sampled_from(["127.0.0.2", "localhost", "[::1]", "worker-0.smg.svc"]),
+    st.none().map(lambda _: "") | st.integers(min_value=1, max_value=65535).map(":{}".format),
+    st.sampled_from(["", "/", " "]),
+)
 
 
 def _url_or_spec_error(raw: object) -> str | None:
@@ -197,16 +254,22 @@ _SPEC_FIELDS = {
     "draining": JSON_VALUES,
 }
 _GOOD_SPEC_FIELDS = {
-    "role": st.sampled_from(ROLES) | st.none(), "model_id": st.text(min_size=1, max_size=6) | st.none(),
+    "role": st.sampled_from(ROLES) | st.none(),
+    "model_id": st.text(min_size=1, max_size=6) | st.none(),
     "bootstrap_port": st.integers(min_value=1, max_value=65535) | st.none(),
     "labels": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3) | st.none(),
-    "priority": st.integers(min_value=-(2**63), max_value=2**63 - 1), "owner": st.text(max_size=6) | st.none(),
+    "priority": st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    "owner": st.text(max_size=6) | st.none(),
     "draining": JSON_VALUES,
 }
 GOOD_SPEC_BODIES = st.fixed_dictionaries({"url": _GOOD_URLS}, optional=_GOOD_SPEC_FIELDS)
 _HOSTILE_BUT_URL = {k: v for k, v in _SPEC_FIELDS.items() if k != "url"}
-SPEC_BODIES = (GOOD_SPEC_BODIES | st.fixed_dictionaries({"url": _GOOD_URLS}, optional=_HOSTILE_BUT_URL)
-               | st.fixed_dictionaries({}, optional={**_SPEC_FIELDS, "extra": JSON_VALUES}) | JSON_VALUES)
+SPEC_BODIES = (
+    GOOD_SPEC_BODIES
+    | st.fixed_dictionaries({"url": _GOOD_URLS}, optional=_HOSTILE_BUT_URL)
+    | st.fixed_dictionaries({}, optional={**_SPEC_FIELDS, "extra": JSON_VALUES})
+    | JSON_VALUES
+)
 
 
 def _spec_or_spec_error(data: object, base: WorkerSpec | None = None) -> WorkerSpec | None:
@@ -220,8 +283,15 @@ def _spec_or_spec_error(data: object, base: WorkerSpec | None = None) -> WorkerS
 
 
 def _as_json(spec: WorkerSpec) -> dict[str, Any]:
-    return {"url": spec.url, "role": spec.role, "model_id": spec.model_id, "bootstrap_port": spec.bootstrap_port,
-            "labels": spec.labels, "priority": spec.priority, "owner": spec.owner}
+    return {
+        "url": spec.url,
+        "role": spec.role,
+        "model_id": spec.model_id,
+        "bootstrap_port": spec.bootstrap_port,
+        "labels": spec.labels,
+        "priority": spec.priority,
+        "owner": spec.owner,
+    }
 
 
 def _check_spec(spec: WorkerSpec) -> None:
@@ -244,8 +314,9 @@ def test_from_json_returns_a_valid_spec_or_raises_spec_error_naming_a_field(data
 WORKER_SPEC_SCHEMA = Draft202012Validator(document()["components"]["schemas"]["WorkerSpec"])
 
 
-ONE_FIELD_CHANGED = st.builds(lambda good, key, value: {**good, key: value}, GOOD_SPEC_BODIES,
-                              st.sampled_from(sorted(_SPEC_FIELDS)), JSON_VALUES)
+ONE_FIELD_CHANGED = st.builds(
+    lambda good, key, value: {**good, key: value}, GOOD_SPEC_BODIES, st.sampled_from(sorted(_SPEC_FIELDS)), JSON_VALUES
+)
 """A good registration with one field set to any JSON value."""
 
 
@@ -262,8 +333,10 @@ BASE = WorkerSpec(url="http://127.0.0.2:8000", role="regular", model_id="m", lab
 
 
 @SETTINGS
-@given(patch=st.fixed_dictionaries({}, optional={k: _GOOD_SPEC_FIELDS[k] for k in PATCHABLE})
-       | st.fixed_dictionaries({}, optional={k: _SPEC_FIELDS[k] for k in PATCHABLE}))
+@given(
+    patch=st.fixed_dictionaries({}, optional={k: _GOOD_SPEC_FIELDS[k] for k in PATCHABLE})
+    | st.fixed_dictionaries({}, optional={k: _SPEC_FIELDS[k] for k in PATCHABLE})
+)
 def test_a_patch_changes_only_what_it_names_or_nothing(patch: dict[str, Any]) -> None:
     """PATCH validates against the worker's spec: the URL and every field it leaves out stay as they were."""
     fields = {k: v for k, v in patch.items() if k != "draining"}
@@ -272,7 +345,12 @@ def test_a_patch_changes_only_what_it_names_or_nothing(patch: dict[str, Any]) ->
         return
     _check_spec(spec)
     assert (spec.url, spec.role, spec.model_id, spec.bootstrap_port, spec.owner) == (
-        BASE.url, BASE.role, BASE.model_id, BASE.bootstrap_port, BASE.owner)
+        BASE.url,
+        BASE.role,
+        BASE.model_id,
+        BASE.bootstrap_port,
+        BASE.owner,
+    )
     if "labels" not in fields:
         assert spec.labels == BASE.labels
     if "priority" not in fields:

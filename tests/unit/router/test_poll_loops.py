@@ -78,8 +78,12 @@ class Fleet:
         return 0.0 if value is None else value
 
     def error_series(self, url: str) -> list[str]:
-        return [s.labels["kind"] for m in self.metrics.registry.collect() for s in m.samples
-                if s.name == "smg_worker_poll_errors_total" and s.labels.get("worker") == url]
+        return [
+            s.labels["kind"]
+            for m in self.metrics.registry.collect()
+            for s in m.samples
+            if s.name == "smg_worker_poll_errors_total" and s.labels.get("worker") == url
+        ]
 
     def polls(self, url: str) -> int:
         return self.probes.asked.get(url + "/v1/loads", 0)
@@ -93,10 +97,19 @@ def _fleet(*urls: str, interval: float = 0.01, timeout: float = 0.05) -> Fleet:
     policies = PolicyRegistry(PolicyFactory(settings=PolicySettings(), loads=loads, metrics=metrics), PolicySettings())
     lifecycle = Lifecycle(registry=registry, policies=policies, loads=loads, metrics=metrics, retry=RetrySettings())
     probes = ScriptedProbes()
-    monitor = LoadMonitor(probes=probes, registry=registry, policies=policies, loads=loads,  # type: ignore[arg-type]
-                          metrics=metrics, settings=LoadSettings(interval=interval, timeout=timeout))
-    health = HealthChecker(probes=probes, lifecycle=lifecycle,  # type: ignore[arg-type]
-                           settings=HealthSettings(interval=interval, timeout=timeout, failure_threshold=1000))
+    monitor = LoadMonitor(
+        probes=probes,
+        registry=registry,
+        policies=policies,
+        loads=loads,  # type: ignore[arg-type]
+        metrics=metrics,
+        settings=LoadSettings(interval=interval, timeout=timeout),
+    )
+    health = HealthChecker(
+        probes=probes,
+        lifecycle=lifecycle,  # type: ignore[arg-type]
+        settings=HealthSettings(interval=interval, timeout=timeout, failure_threshold=1000),
+    )
     fleet = Fleet(probes, lifecycle, monitor, health, metrics, loads)
     for url in urls:
         worker, _ = lifecycle.add(WorkerSpec(url=url, model_id="m"))
@@ -126,6 +139,7 @@ async def eventually(predicate: Callable[[], bool], what: str, within: float = 5
 
 
 # --- the load monitor ---------------------------------------------------------------------------------------
+
 
 async def test_a_garbage_report_is_counted_as_a_bad_payload_and_the_monitor_polls_on() -> None:
     f = _fleet(GOOD, BAD)
@@ -174,14 +188,17 @@ async def test_a_poll_fails_within_one_timeout_even_when_both_endpoints_are_trie
     assert f.errors(HUNG, "timeout") == 1
 
 
-@pytest.mark.parametrize(("loads", "metrics", "kind"), [
-    (REFUSE, REFUSE, "connect"),
-    ((404, b"not here"), (500, b"oops"), "http_status"),
-    ((200, b'{"loads": [{"num_running_reqs": -1}]}'), (404, b""), "bad_payload"),
-    ((404, b""), (200, b"sglang:num_queue_reqs NaN\n"), "bad_payload"),
-    ((200, b"\xff\xfe"), (200, b"\xff\xfe"), "bad_payload"),
-    (ProbeError("timeout", "no answer"), REFUSE, "timeout"),
-])
+@pytest.mark.parametrize(
+    ("loads", "metrics", "kind"),
+    [
+        (REFUSE, REFUSE, "connect"),
+        ((404, b"not here"), (500, b"oops"), "http_status"),
+        ((200, b'{"loads": [{"num_running_reqs": -1}]}'), (404, b""), "bad_payload"),
+        ((404, b""), (200, b"sglang:num_queue_reqs NaN\n"), "bad_payload"),
+        ((200, b"\xff\xfe"), (200, b"\xff\xfe"), "bad_payload"),
+        (ProbeError("timeout", "no answer"), REFUSE, "timeout"),
+    ],
+)
 async def test_each_failed_poll_is_counted_once_by_kind(loads: Behaviour, metrics: Behaviour, kind: str) -> None:
     f = _fleet(BAD)
     f.probes.script[BAD + "/v1/loads"], f.probes.script[BAD + "/metrics"] = loads, metrics
@@ -247,6 +264,7 @@ async def test_the_monitor_takes_its_per_worker_polls_with_it_when_it_stops() ->
 
 
 # --- the health checker ---------------------------------------------------------------------------------------
+
 
 async def test_a_hanging_worker_does_not_delay_the_other_workers_health_probes() -> None:
     f = _fleet(GOOD, HUNG, interval=0.01, timeout=0.5)

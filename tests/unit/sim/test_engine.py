@@ -77,10 +77,7 @@ async def test_cached_prefix_reduces_prefill_time() -> None:
 
 async def test_max_running_bounds_batch_and_queues_the_rest() -> None:
     async with running_engine(max_running=2, decode_step_ms=5.0) as engine:
-        tasks = [
-            asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"prompt {i}"), 20)))
-            for i in range(5)
-        ]
+        tasks = [asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"prompt {i}"), 20))) for i in range(5)]
         await wait_until_async(lambda: engine.stats().num_running_reqs == 2, what="2 running")
         stats = engine.stats()
         assert stats.num_waiting_reqs == 3
@@ -125,9 +122,7 @@ async def test_waiting_request_can_leave_the_queue() -> None:
 async def test_kv_memory_limits_admission() -> None:
     # Each request needs 40 prompt + 20 new = 60 of 100 tokens: only one fits at a time.
     async with running_engine(kv_capacity=100, max_running=8, decode_step_ms=2.0) as engine:
-        tasks = [
-            asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"{i}" * 40), 20))) for i in range(3)
-        ]
+        tasks = [asyncio.create_task(run_to_end(engine, EngineRequest(encode(f"{i}" * 40), 20))) for i in range(3)]
         await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="1 running")
         assert engine.stats().num_waiting_reqs == 2
         await asyncio.gather(*tasks)

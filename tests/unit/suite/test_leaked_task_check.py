@@ -42,7 +42,8 @@ def suite(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_an_async_test_leaking_a_task_of_any_name_fails(suite: pytest.Pytester) -> None:
-    suite.makepyfile(test_leaky='''
+    suite.makepyfile(
+        test_leaky="""
         import asyncio
 
         async def test_leaks_an_unnamed_task():
@@ -50,17 +51,22 @@ def test_an_async_test_leaking_a_task_of_any_name_fails(suite: pytest.Pytester) 
 
         async def test_leaks_a_named_task():
             asyncio.get_running_loop().create_task(asyncio.Event().wait(), name="background-poller")
-    ''')
+    """
+    )
     result = suite.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=2)
-    result.stdout.fnmatch_lines([
-        "*test_leaks_an_unnamed_task leaked 1 asyncio task(s) still pending at its end: Task-* (sleep)*",
-        "*test_leaks_a_named_task leaked 1 asyncio task(s) still pending at its end: background-poller (Event.wait)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leaks_an_unnamed_task leaked 1 asyncio task(s) still pending at its end: Task-* (sleep)*",
+            "*test_leaks_a_named_task leaked 1 asyncio task(s) still pending at its end: "
+            "background-poller (Event.wait)*",
+        ]
+    )
 
 
 def test_a_fixture_leaking_a_task_fails_the_test_using_it(suite: pytest.Pytester) -> None:
-    suite.makepyfile(test_leaky_fixture='''
+    suite.makepyfile(
+        test_leaky_fixture="""
         import asyncio
         import pytest
 
@@ -71,14 +77,16 @@ def test_a_fixture_leaking_a_task_fails_the_test_using_it(suite: pytest.Pytester
 
         async def test_uses_the_poller(poller):
             assert not poller.done()
-    ''')
+    """
+    )
     result = suite.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*leaked 1 asyncio task(s)*fixture-poller*"])
 
 
 def test_tasks_stopped_by_the_test_or_its_fixtures_and_sync_tests_pass(suite: pytest.Pytester) -> None:
-    suite.makepyfile(test_clean='''
+    suite.makepyfile(
+        test_clean="""
         import asyncio
         import contextlib
         import pytest
@@ -104,5 +112,6 @@ def test_tasks_stopped_by_the_test_or_its_fixtures_and_sync_tests_pass(suite: py
 
         def test_sync():
             asyncio.run(asyncio.sleep(0))
-    ''')
+    """
+    )
     suite.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=4)

@@ -13,7 +13,7 @@ ROOT_CONFTEST = Path(__file__).parents[2] / "conftest.py"
 def test_unit_tests_get_the_short_timeout_and_an_own_marker_wins(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\ntimeout = 120\n")
-    check = '''
+    check = """
         import pytest
 
         def timeout_of(request):
@@ -26,9 +26,9 @@ def test_unit_tests_get_the_short_timeout_and_an_own_marker_wins(pytester: pytes
         @pytest.mark.timeout(60)
         def test_own_marker(request):
             assert timeout_of(request) == (60,)
-    '''
-    pytester.mkpydir("unit").joinpath("test_in_unit.py").write_text(
-        textwrap.dedent(check.format(default=(10.0,))))
+    """
+    pytester.mkpydir("unit").joinpath("test_in_unit.py").write_text(textwrap.dedent(check.format(default=(10.0,))))
     pytester.mkpydir("integration").joinpath("test_elsewhere.py").write_text(
-        textwrap.dedent(check.format(default=None)))
+        textwrap.dedent(check.format(default=None))
+    )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=4)
