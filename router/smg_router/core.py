@@ -40,21 +40,34 @@ class RouterCore:
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
-        self.fleet = Fleet(settings=settings, registry=self.registry, policies=self.policies, loads=self.loads,
-                           metrics=self.metrics)
-        self.upstream = Upstream(connect_timeout=settings.server.connect_timeout,
-                                 total_timeout=settings.server.request_timeout,
-                                 first_byte_timeout=settings.server.first_byte_timeout,
-                                 stream_idle_timeout=settings.server.stream_idle_timeout)
+        self.fleet = Fleet(
+            settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
+        )
+        self.upstream = Upstream(
+            connect_timeout=settings.server.connect_timeout,
+            total_timeout=settings.server.request_timeout,
+            first_byte_timeout=settings.server.first_byte_timeout,
+            stream_idle_timeout=settings.server.stream_idle_timeout,
+        )
         server = settings.server
-        self.admission = Admission(max_requests=server.max_concurrent_requests, max_bytes=server.max_inflight_bytes,
-                                   max_body=server.max_payload_size, metrics=self.metrics)
-        self.proxy = Proxy(registry=self.registry, policies=self.policies, upstream=self.upstream,
-                           metrics=self.metrics, retry=settings.retry,
-                           pd_mode=settings.pd.enabled)
+        self.admission = Admission(
+            max_requests=server.max_concurrent_requests,
+            max_bytes=server.max_inflight_bytes,
+            max_body=server.max_payload_size,
+            metrics=self.metrics,
+        )
+        self.proxy = Proxy(
+            registry=self.registry,
+            policies=self.policies,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            retry=settings.retry,
+            pd_mode=settings.pd.enabled,
+        )
         self._tasks: list[asyncio.Task[None]] = []
-        self.forward_headers = tuple(h for h in FORWARD_REQUEST_HEADERS
-                                     if not (h == "authorization" and settings.server.api_key))
+        self.forward_headers = tuple(
+            h for h in FORWARD_REQUEST_HEADERS if not (h == "authorization" and settings.server.api_key)
+        )
         """The client headers forwarded to workers: never the router's own API key."""
         self.shutting_down = False
         """Set on SIGTERM: readiness answers 503 while the router serves on (``__main__.serve``)."""
@@ -75,8 +88,10 @@ class RouterCore:
         await self.fleet.start()
         model = self.settings.model_id
         specs: list[dict[str, object]] = [{"url": url, "model_id": model} for url in self.settings.worker_urls]
-        specs += [{"url": url, "role": "prefill", "model_id": model, "bootstrap_port": port}
-                  for url, port in self.settings.pd.prefill]
+        specs += [
+            {"url": url, "role": "prefill", "model_id": model, "bootstrap_port": port}
+            for url, port in self.settings.pd.prefill
+        ]
         specs += [{"url": url, "role": "decode", "model_id": model} for url in self.settings.pd.decode]
         for spec in specs:  # the health checker's first round probes them
             await self.fleet.register(WorkerSpec.from_json(spec), probe=False)

@@ -32,7 +32,8 @@ class _TreeSizeCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "smg_cache_tree_size_chars", "Characters each worker holds in a cache-aware tree",
+            "smg_cache_tree_size_chars",
+            "Characters each worker holds in a cache-aware tree",
             labels=("model", "role", "worker"),
         )
         for model, role, worker, chars in self._source():
@@ -45,43 +46,90 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.cache_hits = Counter("smg_cache_tree_hits", "Cache-aware decisions that matched a tree prefix above "
-                                  "the threshold", ("model", "role"), registry=r)
-        self.cache_misses = Counter("smg_cache_tree_misses", "Cache-aware decisions below the match threshold",
-                                    ("model", "role"), registry=r)
-        self.fallbacks = Counter("smg_routing_fallbacks", "Decisions that did not follow the policy's main rule",
-                                 ("model", "role", "policy", "reason"), registry=r)
-        self.match_ratio = Histogram("smg_prefix_match_ratio", "Matched characters / routing text length",
-                                     ("model", "role"), buckets=_RATIO_BUCKETS, registry=r)
-        self.evictions = Counter("smg_cache_tree_evictions", "Characters evicted from cache-aware trees",
-                                 ("model", "role"), registry=r)
-        self.decision_seconds = Histogram("smg_routing_decision_seconds", "Time to choose a worker",
-                                          ("policy",), buckets=_DECISION_BUCKETS, registry=r)
-        self.requests = Counter("smg_requests", "Requests answered by the router",
-                                ("endpoint", "model", "status"), registry=r)
-        self.request_seconds = Histogram("smg_request_duration_seconds", "Request duration, end to end",
-                                         ("endpoint", "model"), buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft_seconds = Histogram("smg_time_to_first_token_seconds", "Time to the first streamed byte",
-                                      ("endpoint", "model"), buckets=_LATENCY_BUCKETS, registry=r)
-        self.worker_inflight = Gauge("smg_worker_inflight", "Requests this router has in flight to the worker",
-                                     ("worker", "role"), registry=r)
-        self.worker_backend_load = Gauge("smg_worker_backend_load", "Running + waiting requests the worker "
-                                         "reported at the last poll", ("worker", "role"), registry=r)
-        self.worker_healthy = Gauge("smg_worker_healthy", "1 when the worker passes its health checks (status ready)",
-                                    ("worker", "role"),
-                                    registry=r)
-        self.lifecycle_events = Counter("smg_worker_lifecycle_events", "Worker registrations, updates, removals",
-                                        ("event", "role"), registry=r)
+        self.cache_hits = Counter(
+            "smg_cache_tree_hits",
+            "Cache-aware decisions that matched a tree prefix above the threshold",
+            ("model", "role"),
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "smg_cache_tree_misses", "Cache-aware decisions below the match threshold", ("model", "role"), registry=r
+        )
+        self.fallbacks = Counter(
+            "smg_routing_fallbacks",
+            "Decisions that did not follow the policy's main rule",
+            ("model", "role", "policy", "reason"),
+            registry=r,
+        )
+        self.match_ratio = Histogram(
+            "smg_prefix_match_ratio",
+            "Matched characters / routing text length",
+            ("model", "role"),
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "smg_cache_tree_evictions", "Characters evicted from cache-aware trees", ("model", "role"), registry=r
+        )
+        self.decision_seconds = Histogram(
+            "smg_routing_decision_seconds",
+            "Time to choose a worker",
+            ("policy",),
+            buckets=_DECISION_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "smg_requests", "Requests answered by the router", ("endpoint", "model", "status"), registry=r
+        )
+        self.request_seconds = Histogram(
+            "smg_request_duration_seconds",
+            "Request duration, end to end",
+            ("endpoint", "model"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            "smg_time_to_first_token_seconds",
+            "Time to the first streamed byte",
+            ("endpoint", "model"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_inflight = Gauge(
+            "smg_worker_inflight", "Requests this router has in flight to the worker", ("worker", "role"), registry=r
+        )
+        self.worker_backend_load = Gauge(
+            "smg_worker_backend_load",
+            "Running + waiting requests the worker reported at the last poll",
+            ("worker", "role"),
+            registry=r,
+        )
+        self.worker_healthy = Gauge(
+            "smg_worker_healthy",
+            "1 when the worker passes its health checks (status ready)",
+            ("worker", "role"),
+            registry=r,
+        )
+        self.lifecycle_events = Counter(
+            "smg_worker_lifecycle_events", "Worker registrations, updates, removals", ("event", "role"), registry=r
+        )
         self.pd_requests = Counter("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
         self.retries = Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
-        self.requests_rejected = Counter("smg_requests_rejected", "Requests refused before routing (admission)",
-                                         ("reason",), registry=r)
-        self.loop_lag = Histogram("smg_event_loop_lag_seconds", "How late the event loop ran a timer: time "
-                                  "during which no request, stream or poll made progress", buckets=_LAG_BUCKETS,
-                                  registry=r)
-        self.worker_poll_errors = Counter("smg_worker_poll_errors", "Load polls of the worker that gave no load, "
-                                          "by kind (timeout, connect, http_status, bad_payload, error)",
-                                          ("worker", "kind"), registry=r)
+        self.requests_rejected = Counter(
+            "smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r
+        )
+        self.loop_lag = Histogram(
+            "smg_event_loop_lag_seconds",
+            "How late the event loop ran a timer: time during which no request, stream or poll made progress",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.worker_poll_errors = Counter(
+            "smg_worker_poll_errors",
+            "Load polls of the worker that gave no load, by kind (timeout, connect, http_status, bad_payload, error)",
+            ("worker", "kind"),
+            registry=r,
+        )
 
     def add_tree_size_source(self, source: TreeSizeSource) -> None:
         self.registry.register(_TreeSizeCollector(source))

@@ -162,19 +162,33 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", s.host, help="address to listen on")
     add("--port", s.port, type=int, help="port to listen on")
     p.add_argument(
-        "--worker-urls", nargs="*", default=_split(_env("worker-urls", "")),
+        "--worker-urls",
+        nargs="*",
+        default=_split(_env("worker-urls", "")),
         help="regular workers to register at start (SMG_WORKER_URLS: comma or space separated)",
     )
-    p.add_argument("--pd-disaggregation", action="store_true",
-                   default=str(_env("pd-disaggregation", "")).lower() in ("1", "true", "yes"),
-                   help="prefill/decode disaggregation: route each request to a prefill and a decode worker")
-    p.add_argument("--prefill", nargs="+", action="append", metavar="URL [BOOTSTRAP_PORT]",
-                   default=[e.split() for e in _entries(_env("prefill", ""))],
-                   help="a prefill worker and its bootstrap port; repeat per worker "
-                   "(SMG_PREFILL: 'URL PORT, URL PORT')")
-    p.add_argument("--decode", nargs="+", action="append", metavar="URL",
-                   default=[e.split() for e in _entries(_env("decode", ""))],
-                   help="decode worker(s); repeat or list several (SMG_DECODE: comma separated)")
+    p.add_argument(
+        "--pd-disaggregation",
+        action="store_true",
+        default=str(_env("pd-disaggregation", "")).lower() in ("1", "true", "yes"),
+        help="prefill/decode disaggregation: route each request to a prefill and a decode worker",
+    )
+    p.add_argument(
+        "--prefill",
+        nargs="+",
+        action="append",
+        metavar="URL [BOOTSTRAP_PORT]",
+        default=[e.split() for e in _entries(_env("prefill", ""))],
+        help="a prefill worker and its bootstrap port; repeat per worker (SMG_PREFILL: 'URL PORT, URL PORT')",
+    )
+    p.add_argument(
+        "--decode",
+        nargs="+",
+        action="append",
+        metavar="URL",
+        default=[e.split() for e in _entries(_env("decode", ""))],
+        help="decode worker(s); repeat or list several (SMG_DECODE: comma separated)",
+    )
     add("--model-id", None, help="model served by --worker-urls (default: ask each worker)")
     add("--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
     add("--prefill-policy", None, help="PD prefill policy (default --policy)")
@@ -191,23 +205,47 @@ def build_parser() -> argparse.ArgumentParser:
     add("--breaker-failure-threshold", r.breaker_failure_threshold, type=int, help="failures that open a breaker")
     add("--breaker-cooldown", r.breaker_cooldown, type=float, help="seconds before a half-open trial")
     add("--max-payload-size", s.max_payload_size, type=int, help="largest request body in bytes")
-    add("--max-concurrent-requests", s.max_concurrent_requests, type=int,
-        help="generation requests answered at once (503 with Retry-After above)")
-    add("--max-inflight-bytes", s.max_inflight_bytes, type=int,
-        help="request body bytes held at once (503 with Retry-After above)")
+    add(
+        "--max-concurrent-requests",
+        s.max_concurrent_requests,
+        type=int,
+        help="generation requests answered at once (503 with Retry-After above)",
+    )
+    add(
+        "--max-inflight-bytes",
+        s.max_inflight_bytes,
+        type=int,
+        help="request body bytes held at once (503 with Retry-After above)",
+    )
     add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
-    add("--first-byte-timeout", s.first_byte_timeout, type=float,
+    add(
+        "--first-byte-timeout",
+        s.first_byte_timeout,
+        type=float,
         help="seconds from sending a request to a worker until its response headers; past it the attempt is "
         "retried elsewhere (or a 504). Generous because a long prompt's queueing + prefill under load takes "
-        "tens of seconds and engines send a non-streaming answer's headers only after its last token")
-    add("--stream-idle-timeout", s.stream_idle_timeout, type=float,
+        "tens of seconds and engines send a non-streaming answer's headers only after its last token",
+    )
+    add(
+        "--stream-idle-timeout",
+        s.stream_idle_timeout,
+        type=float,
         help="longest silence between two pieces of a worker's response body, the wait for a stream's first "
-        "token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)")
+        "token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)",
+    )
     add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
-    add("--shutdown-delay", s.shutdown_delay, type=float,
-        help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)")
-    add("--shutdown-timeout", s.shutdown_timeout, type=float,
-        help="then seconds for in-flight requests and streams to finish before the rest are ended")
+    add(
+        "--shutdown-delay",
+        s.shutdown_delay,
+        type=float,
+        help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)",
+    )
+    add(
+        "--shutdown-timeout",
+        s.shutdown_timeout,
+        type=float,
+        help="then seconds for in-flight requests and streams to finish before the rest are ended",
+    )
     add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
     add("--api-key", None, help="bearer token required by the data plane (generation endpoints, /v1/models)")
     add("--log-level", s.log_level, help="debug, info, warning, error")
@@ -234,8 +272,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
-        parser.error("--max-payload-size and --max-concurrent-requests must be positive, and "
-                     "--max-inflight-bytes at least --max-payload-size")
+        parser.error(
+            "--max-payload-size and --max-concurrent-requests must be positive, and "
+            "--max-inflight-bytes at least --max-payload-size"
+        )
     if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout) <= 0:
         parser.error("--request-timeout, --first-byte-timeout and --stream-idle-timeout must be positive")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
@@ -270,23 +310,36 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     return Settings(
         pd=PDSettings(enabled=a.pd_disaggregation, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
-            host=a.host, port=a.port, max_payload_size=a.max_payload_size,
-            max_concurrent_requests=a.max_concurrent_requests, max_inflight_bytes=a.max_inflight_bytes,
-            request_timeout=a.request_timeout, first_byte_timeout=a.first_byte_timeout,
-            stream_idle_timeout=a.stream_idle_timeout, drain_timeout=a.drain_timeout,
-            shutdown_delay=a.shutdown_delay, shutdown_timeout=a.shutdown_timeout,
-            admin_api_key=a.admin_api_key or None, api_key=a.api_key or None, log_level=a.log_level,
+            host=a.host,
+            port=a.port,
+            max_payload_size=a.max_payload_size,
+            max_concurrent_requests=a.max_concurrent_requests,
+            max_inflight_bytes=a.max_inflight_bytes,
+            request_timeout=a.request_timeout,
+            first_byte_timeout=a.first_byte_timeout,
+            stream_idle_timeout=a.stream_idle_timeout,
+            drain_timeout=a.drain_timeout,
+            shutdown_delay=a.shutdown_delay,
+            shutdown_timeout=a.shutdown_timeout,
+            admin_api_key=a.admin_api_key or None,
+            api_key=a.api_key or None,
+            log_level=a.log_level,
         ),
         policy=PolicySettings(
-            name=a.policy, cache_threshold=a.cache_threshold,
-            balance_abs_threshold=a.balance_abs_threshold, balance_rel_threshold=a.balance_rel_threshold,
-            eviction_interval=a.eviction_interval, max_tree_size=a.max_tree_size,
-            prefill_policy=a.prefill_policy, decode_policy=a.decode_policy,
+            name=a.policy,
+            cache_threshold=a.cache_threshold,
+            balance_abs_threshold=a.balance_abs_threshold,
+            balance_rel_threshold=a.balance_rel_threshold,
+            eviction_interval=a.eviction_interval,
+            max_tree_size=a.max_tree_size,
+            prefill_policy=a.prefill_policy,
+            decode_policy=a.decode_policy,
         ),
         load=LoadSettings(interval=a.load_monitor_interval),
         health=HealthSettings(interval=a.health_check_interval, failure_threshold=a.health_failure_threshold),
         retry=RetrySettings(
-            max_retries=a.max_retries, breaker_failure_threshold=a.breaker_failure_threshold,
+            max_retries=a.max_retries,
+            breaker_failure_threshold=a.breaker_failure_threshold,
             breaker_cooldown=a.breaker_cooldown,
         ),
         worker_urls=tuple(_split(" ".join(a.worker_urls))),

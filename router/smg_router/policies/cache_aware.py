@@ -81,8 +81,9 @@ class CacheAwarePolicy(Policy):
             self._evict(model, tree, chosen.url)
         return chosen
 
-    def _choose_by_match(self, workers: Sequence[Worker], loads: list[int], match: Match, model: str,
-                         length: int) -> int:
+    def _choose_by_match(
+        self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, length: int
+    ) -> int:
         m, role = self.ctx.metrics, self.ctx.role
         rate = match.matched_chars / length if length else 0.0
         m.match_ratio.labels(model, role).observe(rate)

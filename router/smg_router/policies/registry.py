@@ -66,8 +66,13 @@ class PolicyRegistry:
                     log.warning("worker %s: ignoring unknown policy label %r", w.url, label)
                     continue
                 if wanted.setdefault(w.model_id, name) != name:
-                    log.warning("model %s: workers disagree on policy (%s vs %s); keeping %s",
-                                w.model_id, wanted[w.model_id], name, wanted[w.model_id])
+                    log.warning(
+                        "model %s: workers disagree on policy (%s vs %s); keeping %s",
+                        w.model_id,
+                        wanted[w.model_id],
+                        name,
+                        wanted[w.model_id],
+                    )
         for model in list(self.by_model):
             if wanted.get(model) != self.by_model[model].name:
                 del self.by_model[model]

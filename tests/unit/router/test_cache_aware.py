@@ -62,12 +62,15 @@ def test_imbalance_uses_backend_backlog_even_without_local_inflight(env: Env) ->
     env.loads.record(holder.id, 200, at=NOW)  # backend backlog; the router's own inflight stays 0
     assert holder.inflight == 0
     assert p.select(workers, RouteRequest("m", text), NOW) is other
-    assert env.sample("smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware",
-                      reason="imbalance") == 1
+    assert (
+        env.sample("smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware", reason="imbalance")
+        == 1
+    )
 
 
-@pytest.mark.parametrize(("hi", "lo", "imbalanced"), [(65, 0, True), (64, 0, False), (200, 140, False),
-                                                      (300, 100, True)])
+@pytest.mark.parametrize(
+    ("hi", "lo", "imbalanced"), [(65, 0, True), (64, 0, False), (200, 140, False), (300, 100, True)]
+)
 def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> None:
     env = Env()
     workers = [make_worker(i) for i in (2, 3)]
@@ -79,8 +82,9 @@ def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> 
     env.loads.record(other.id, lo, at=NOW)
     got = p.select(workers, RouteRequest("m", text), NOW)
     assert (got is other) == imbalanced
-    assert env.sample("smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware",
-                      reason="imbalance") == (1 if imbalanced else 0)
+    assert env.sample(
+        "smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware", reason="imbalance"
+    ) == (1 if imbalanced else 0)
 
 
 def test_local_inflight_wins_over_an_older_idle_snapshot(env: Env) -> None:
@@ -100,8 +104,12 @@ def test_stale_snapshot_counts_no_load_data(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
     p.select(workers, RouteRequest("m", "abc"), NOW + 60)  # snapshot is 60 s old (max_age 5)
-    assert env.sample("smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware",
-                      reason="no_load_data") == 1
+    assert (
+        env.sample(
+            "smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware", reason="no_load_data"
+        )
+        == 1
+    )
 
 
 def test_unroutable_holder_counts_stale_tenant(env: Env) -> None:
@@ -111,8 +119,12 @@ def test_unroutable_holder_counts_stale_tenant(env: Env) -> None:
     holder = p.select(workers, RouteRequest("m", text), NOW)
     rest = [w for w in workers if w is not holder]  # the holder is not routable right now
     assert p.select(rest, RouteRequest("m", text), NOW) is rest[0]
-    assert env.sample("smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware",
-                      reason="stale_tenant") == 1
+    assert (
+        env.sample(
+            "smg_routing_fallbacks_total", model="m", role="regular", policy="cache_aware", reason="stale_tenant"
+        )
+        == 1
+    )
 
 
 def test_sync_removes_a_worker_from_the_tree_and_keeps_others(env: Env) -> None:
@@ -134,11 +146,15 @@ def test_missing_tree_is_created_and_counted(env: Env) -> None:
     p = _policy(env, [])  # lifecycle never told it about these workers
     p.select(workers, RouteRequest("other", "hello"), NOW)
     assert p.has_tree("other")
-    assert env.sample("smg_routing_fallbacks_total", model="other", role="regular", policy="cache_aware",
-                      reason="no_tree") == 1
+    assert (
+        env.sample("smg_routing_fallbacks_total", model="other", role="regular", policy="cache_aware", reason="no_tree")
+        == 1
+    )
     p.select(workers, RouteRequest("other", "hello"), NOW)
-    assert env.sample("smg_routing_fallbacks_total", model="other", role="regular", policy="cache_aware",
-                      reason="no_tree") == 1
+    assert (
+        env.sample("smg_routing_fallbacks_total", model="other", role="regular", policy="cache_aware", reason="no_tree")
+        == 1
+    )
 
 
 def test_high_water_mark_evicts_between_periods() -> None:
@@ -147,7 +163,7 @@ def test_high_water_mark_evicts_between_periods() -> None:
     p = _policy(env, workers)
     for i in range(30):
         p.select(workers, RouteRequest("m", f"{i:03d}" + "p" * 97), NOW)
-    (_, _, size), = list(p.tree_sizes())
+    ((_, _, size),) = list(p.tree_sizes())
     assert size <= 1200
     assert env.sample("smg_cache_tree_evictions_total", model="m", role="regular") > 0
 
@@ -159,5 +175,5 @@ def test_periodic_maintain_evicts_to_budget() -> None:
     for i in range(20):
         p.select(workers, RouteRequest("m", f"{i:03d}" + "p" * 97), NOW)
     p.maintain()
-    (_, _, size), = list(p.tree_sizes())
+    ((_, _, size),) = list(p.tree_sizes())
     assert size <= 500
