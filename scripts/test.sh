@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/install-test-tools.sh   # etcd, prometheus, kubectl, kube-apiserver (built once, cached)
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .     # one formatting, by the tool
 .venv/bin/lint-imports --no-cache   # the layer contracts of pyproject.toml [tool.importlinter]
 .venv/bin/mypy                      # --strict over router, operator and sim (pyproject.toml [tool.mypy])
 set +e
