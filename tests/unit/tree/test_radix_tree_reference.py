@@ -193,3 +193,115 @@ def test_eviction_keeps_most_recent_insert_when_it_fits(inserts, refresh, budget
         assert got.matched_chars == len(last)
         assert "w0" in got.tenants
     assert tree.tenant_size("w0") <= budget
+
+
+# ---------------------------------------------------------------------- resumable work, interleaved
+
+
+def sliced_ops_strategy(text: st.SearchStrategy[str]) -> st.SearchStrategy[list[tuple]]:
+    """Requests (insert, match_and_insert, match) interleaved with the halves of removal and with the
+    steps of an eviction job: the upkeep task's slices between requests."""
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("insert"), text, tenant_st),
+            st.tuples(st.just("insert"), text, tenant_st),
+            st.tuples(st.just("match_and_insert"), text, tenant_st),
+            st.tuples(st.just("match"), text),
+            st.tuples(st.just("detach"), tenant_st),
+            st.tuples(st.just("reclaim"), st.integers(1, 4)),
+            st.tuples(st.just("reclaim"), st.just(1)),
+            st.tuples(st.just("start_eviction"), tenant_st, st.integers(0, 12)),
+            st.tuples(st.just("step"), st.integers(1, 4)),
+            st.tuples(st.just("step"), st.just(1)),
+            st.tuples(st.just("remove"), tenant_st),
+        ),
+        min_size=20,
+        max_size=45,
+    )  # long enough for a job to be queued, then overtaken by requests
+
+
+def compare_live(tree: RadixTree, ref: Reference, probes: list[str]) -> None:
+    """``compare`` while dead entries may remain: they still count in total_chars until reclaimed."""
+    assert tree.tenant_sizes() == ref.sizes()
+    assert tree.tenants() == frozenset(ref.sizes())
+    if not tree.reclaim_pending():
+        assert tree.total_chars() == ref.total()
+    for probe in probes:
+        assert tree.match(probe) == ref.match(probe), probe
+
+
+def run_sliced(ops: list[tuple], check, held, probes: list[str] = PROBES) -> None:
+    tree, ref = RadixTree(), Reference()
+    job = None
+    job_grown = False  # the job's tenant got an insert since the job started
+    for op in ops:
+        kind = op[0]
+        if kind == "detach":
+            assert tree.detach_tenant(op[1]) == ref.remove(op[1])
+        elif kind == "reclaim":
+            tree.reclaim(op[1])
+        elif kind == "start_eviction":
+            job, job_grown = tree.eviction(op[1], op[2]), False
+        elif kind == "step":
+            if job is None:
+                continue
+            tenant = job.tenant
+            before, evicted = ref.prefixes.get(tenant, set()), job.evicted
+            more = job.step(op[1])
+            after = held(tree, tenant)
+            # never invents data, stays prefix-closed, reports what it removed, touches no other tenant
+            assert after <= before
+            assert all(p[:i] in after for p in after for i in range(1, len(p)))
+            assert job.evicted - evicted == len(before) - len(after)
+            if after:
+                ref.prefixes[tenant] = after
+            else:
+                ref.prefixes.pop(tenant, None)
+            if not more:
+                if not job_grown:  # the budget holds unless newer nodes of the tenant came in meanwhile
+                    assert tree.tenant_size(tenant) <= job.max_chars
+                job = None
+        else:
+            if job is not None and kind in ("insert", "match_and_insert") and op[2] == job.tenant:
+                job_grown = True
+            apply(op, tree, ref, held)
+        check(tree)
+        compare_live(tree, ref, probes)
+    # whatever was left half done finishes, and the tree is exactly the reference again
+    if job is not None:
+        job.run()
+        after = held(tree, job.tenant)
+        assert after <= ref.prefixes.get(job.tenant, set())
+        if after:
+            ref.prefixes[job.tenant] = after
+        else:
+            ref.prefixes.pop(job.tenant, None)
+    while tree.reclaim(3):
+        check(tree)
+        compare_live(tree, ref, probes)
+    check(tree)
+    compare_live(tree, ref, probes)
+    assert len(tree._dead) == 0 and tree._graves == []
+
+
+SLICED_SETTINGS = settings(SETTINGS, max_examples=150)  # ~45 ops with a full check after each: ~3 s a test
+
+
+@SLICED_SETTINGS
+@given(ops=sliced_ops_strategy(texts["ab"]))
+def test_sliced_removal_and_eviction_match_reference_ab(ops, check, held) -> None:
+    run_sliced(ops, check, held)
+
+
+@SLICED_SETTINGS
+@given(ops=sliced_ops_strategy(texts["abc"]))
+def test_sliced_removal_and_eviction_match_reference_abc(ops, check, held) -> None:
+    run_sliced(ops, check, held)
+
+
+@SLICED_SETTINGS
+@given(ops=sliced_ops_strategy(st.text(alphabet="ab", max_size=5)))
+def test_sliced_work_on_a_dense_tree_matches_reference(ops, check, held) -> None:
+    """Short texts over two letters: every tenant shares most nodes, so removals overlap, steps meet nodes
+    refreshed, grown or evicted since they were queued, and pruned nodes leave orphans behind."""
+    run_sliced(ops, check, held)
