@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
+_ASCII_HEADER = sys.getsizeof("")
+"""Bytes of an empty ASCII ``str``; an ASCII edge of n chars costs this + n."""
+
 
 class Node:
     __slots__ = ("children", "edge", "parent", "seq", "tenants")
@@ -15,6 +20,17 @@ class Node:
 
     def __repr__(self) -> str:  # debugging aid only
         return f"Node({self.edge!r}, tenants={self.tenants!r}, children={len(self.children)})"
+
+
+def wide_bytes(s: str) -> int:
+    """Bytes ``s`` costs beyond an ASCII string of the same length (0 for ASCII; O(1)).
+
+    CPython stores a string with 1, 2 or 4 bytes per char by its widest char (and a larger header when
+    it is not ASCII), so a CJK or emoji edge costs 2-4 times an English one.
+    """
+    if s.isascii():
+        return 0
+    return sys.getsizeof(s) - _ASCII_HEADER - len(s)
 
 
 def common_prefix_len(edge: str, text: str, pos: int) -> int:

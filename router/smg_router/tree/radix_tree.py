@@ -15,8 +15,9 @@ Layout
       empty edge or an empty tenant map; along any path a tenant's ticks never increase downwards.
     * ``_index[tenant]`` is a reverse index (insertion-ordered dict used as a set) of the nodes the tenant
       holds, so removal and eviction never scan the whole tree.
-    * ``_sizes[tenant]`` (sum of the edge lengths of the tenant's nodes), the total number of chars and the
-      node count are maintained incrementally, so the corresponding getters are O(1).
+    * ``_sizes[tenant]`` (sum of the edge lengths of the tenant's nodes), the total number of chars, the
+      node count and the extra bytes of non-ASCII edges are maintained incrementally: the getters and
+      ``estimated_bytes`` are O(1) or O(tenants).
 
 Removal in two halves. ``detach_tenant`` is O(1): the tenant's reverse index moves to ``_graves`` (and
 ``_dead[tenant]``), and from then on the tenant is gone for every reader (``tenants``, sizes, ``match``)
@@ -63,12 +64,15 @@ at worst); all at once, evict_tenant takes 4.1 s and remove_tenant 1.25 s (befor
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ._node import Node as _Node
 from ._node import common_prefix_len as _common_prefix_len
+from ._node import wide_bytes as _wide_bytes
 from .eviction import Eviction
+from .memory import estimate_bytes
 
 __all__ = ["Match", "RadixTree"]
 
@@ -100,7 +104,7 @@ def _grave_of(node: _Node, graves: list[_Grave]) -> _Grave | None:
 class RadixTree:
     """Approximate radix tree mapping prompt prefixes to the tenants (workers) that hold them."""
 
-    __slots__ = ("_count", "_dead", "_graves", "_index", "_root", "_seq", "_sizes", "_tick", "_total")
+    __slots__ = ("_count", "_dead", "_graves", "_index", "_root", "_seq", "_sizes", "_tick", "_total", "_wide")
 
     def __init__(self) -> None:
         self._root = _Node("", None, 0, {})
@@ -109,6 +113,7 @@ class RadixTree:
         self._sizes: dict[str, int] = {}
         self._index: dict[str, dict[_Node, None]] = {}
         self._total = 0  # chars over all nodes not freed yet (orphans waiting in a grave included)
+        self._wide = 0  # bytes of non-ASCII edges beyond one per char
         self._count = 0  # nodes not freed yet, excluding the root
         self._dead: dict[str, list[_Grave]] = {}  # removed tenant -> its graves (one per removal)
         self._graves: list[tuple[str, _Grave]] = []  # every grave, oldest removal first
@@ -217,6 +222,8 @@ class RadixTree:
             node.children[text[pos]] = leaf
             self._count += 1
             self._total += len(edge)
+            if not edge.isascii():
+                self._wide += _wide_bytes(edge)
             node = leaf
         index = self._index.get(tenant)
         if index is None:
@@ -267,6 +274,8 @@ class RadixTree:
         child.parent = mid
         mid.children[lower[0]] = child
         parent.children[edge[0]] = mid
+        if not edge.isascii():
+            self._wide += _wide_bytes(mid.edge) + _wide_bytes(lower) - _wide_bytes(edge)
         index = self._index
         if self._dead:
             for t in child.tenants:
@@ -313,7 +322,7 @@ class RadixTree:
             return False
         self._tick += 1
         candidates: list[_Node] = []
-        freed = chars = 0
+        freed = chars = wide = 0
         while budget > 0 and graves:
             tenant, grave = graves[0]
             if not grave:
@@ -335,6 +344,8 @@ class RadixTree:
                 candidates.append(parent)
             freed += 1
             chars += len(edge)
+            if not edge.isascii():
+                wide += _wide_bytes(edge)
             children = node.children
             if children:
                 for c in children.values():
@@ -343,6 +354,7 @@ class RadixTree:
                 children.clear()
         self._count -= freed
         self._total -= chars
+        self._wide -= wide
         while graves and not graves[0][1]:
             self._bury(0)
         self._merge(candidates)
@@ -382,6 +394,8 @@ class RadixTree:
             candidates.append(parent)
         self._count -= 1
         self._total -= len(edge)
+        if not edge.isascii():
+            self._wide -= _wide_bytes(edge)
         children = node.children
         if not children:
             return 1
@@ -444,7 +458,10 @@ class RadixTree:
 
     def _absorb(self, node: _Node, child: _Node) -> None:
         """``node`` takes over its only child ``child`` (identical live tenant maps): edges concatenate."""
-        node.edge += child.edge
+        upper, lower = node.edge, child.edge
+        node.edge = upper + lower
+        if not (upper.isascii() and lower.isascii()):
+            self._wide += _wide_bytes(node.edge) - _wide_bytes(upper) - _wide_bytes(lower)
         node.children = child.children
         for gc in node.children.values():
             gc.parent = node
@@ -472,6 +489,20 @@ class RadixTree:
     def total_chars(self) -> int:
         """Chars stored in the tree (sum over the edges of every node not freed yet). O(1)."""
         return self._total
+
+    def estimated_bytes(self) -> int:
+        """Memory the tree holds, estimated (``memory.estimate_bytes``; dead entries included). O(tenants)."""
+        entries = 0
+        index_bytes = 0
+        for index in self._index.values():
+            entries += len(index)
+            index_bytes += sys.getsizeof(index)
+        for _, grave in self._graves:
+            entries += len(grave)
+            index_bytes += sys.getsizeof(grave)
+        return estimate_bytes(
+            nodes=self._count, chars=self._total, wide=self._wide, entries=entries, index_bytes=index_bytes
+        )
 
     def __len__(self) -> int:
         """Number of nodes not freed yet, root excluded."""

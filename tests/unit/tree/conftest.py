@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from smg_router.tree import RadixTree
+from smg_router.tree._node import wide_bytes
 
 
 def iter_nodes(tree: RadixTree) -> Iterator[tuple[str, Any]]:
@@ -59,6 +60,7 @@ def check_invariants(tree: RadixTree) -> None:
     held: dict[str, set[int]] = {}
     total = 0
     count = 0
+    wide = 0
     seqs: set[int] = set()
     reachable: set[int] = set()
     stack = [root]
@@ -86,6 +88,7 @@ def check_invariants(tree: RadixTree) -> None:
             seqs.add(child.seq)
             reachable.add(id(child))
             total += len(child.edge)
+            wide += wide_bytes(child.edge)
             count += 1
             stack.append(child)
     for key, node in grave_nodes.items():
@@ -97,12 +100,14 @@ def check_invariants(tree: RadixTree) -> None:
         assert node.seq not in seqs
         seqs.add(node.seq)
         total += len(node.edge)
+        wide += wide_bytes(node.edge)
         count += 1
     assert sizes == tree.tenant_sizes()
     for t, size in sizes.items():
         assert tree.tenant_size(t) == size
     assert tree.tenants() == frozenset(sizes)
     assert tree.total_chars() == total
+    assert tree._wide == wide
     assert len(tree) == count
     if dead:
         assert tree.reclaim_pending()

@@ -305,3 +305,14 @@ def test_sliced_work_on_a_dense_tree_matches_reference(ops, check, held) -> None
     """Short texts over two letters: every tenant shares most nodes, so removals overlap, steps meet nodes
     refreshed, grown or evicted since they were queued, and pruned nodes leave orphans behind."""
     run_sliced(ops, check, held)
+
+
+WIDE_PROBES = ["".join(p) for n in range(5) for p in product("a\u00e9\u4e2d", repeat=n)]
+
+
+@SLICED_SETTINGS
+@given(ops=sliced_ops_strategy(st.text(alphabet="a\u00e9\u4e2d", max_size=6)))
+def test_sliced_work_keeps_the_bytes_of_wide_chars_exact(ops, check, held) -> None:
+    """ASCII, Latin-1 and CJK edges (1 and 2 bytes per char) split, merge and go: ``check``
+    recomputes what non-ASCII edges cost from the structure after every step."""
+    run_sliced(ops, check, held, WIDE_PROBES)
