@@ -2,5 +2,6 @@
 
 from .eviction import Eviction
 from .radix_tree import Match, RadixTree
+from .upkeep import Limits, Upkeep
 
-__all__ = ["Eviction", "Match", "RadixTree"]
+__all__ = ["Eviction", "Limits", "Match", "RadixTree", "Upkeep"]
