@@ -35,6 +35,12 @@ class PolicySettings:
     """Characters a worker may hold in one tree before LRU eviction."""
     high_water_ratio: float = 1.25
     """Evict between periods as soon as a worker's tree passes max_tree_size times this."""
+    tree_memory_budget: int = 256 * 2**20
+    """Estimated bytes all the cache-aware trees of the router may hold together (every policy instance,
+    every model); past it every worker of every tree is LRU-evicted by the same fraction, down to 80%.
+    A char costs 2-40 bytes (long shared prompts to short unique ones; over 150 when many workers hold
+    every node), so a cap in chars alone does not bound memory.  256 MiB fits the chart's 1 GiB limit beside the
+    request bodies (--max-inflight-bytes 128 MiB, ~4x that while parsed) and the runtime (~100 MiB)."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -198,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--balance-rel-threshold", pol.balance_rel_threshold, type=float, help="imbalance: max > min * this")
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
+    add(
+        "--tree-memory-budget",
+        pol.tree_memory_budget,
+        type=int,
+        help="estimated bytes all cache-aware trees may hold together; past it they are LRU-evicted to 80%%",
+    )
     add("--load-monitor-interval", ld.interval, type=float, help="seconds between worker load polls")
     add("--health-check-interval", h.interval, type=float, help="seconds between worker health probes")
     add("--health-failure-threshold", h.failure_threshold, type=int, help="failed probes before not_ready")
@@ -269,6 +281,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             parser.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     if a.balance_rel_threshold < 1.0:
         parser.error("--balance-rel-threshold must be at least 1.0")
+    if a.tree_memory_budget < 1:
+        parser.error("--tree-memory-budget must be positive")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -332,6 +346,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             balance_rel_threshold=a.balance_rel_threshold,
             eviction_interval=a.eviction_interval,
             max_tree_size=a.max_tree_size,
+            tree_memory_budget=a.tree_memory_budget,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),

@@ -177,3 +177,14 @@ def test_periodic_maintain_evicts_to_budget() -> None:
     p.maintain()
     ((_, _, size),) = list(p.tree_sizes())
     assert size <= 500
+
+
+def test_tree_memory_budget_comes_from_the_flag_or_the_environment(monkeypatch) -> None:
+    from smg_router.settings import PolicySettings, parse_settings
+
+    assert PolicySettings().tree_memory_budget == 256 * 2**20
+    monkeypatch.setenv("SMG_TREE_MEMORY_BUDGET", "1000000")
+    assert parse_settings([]).policy.tree_memory_budget == 1_000_000
+    assert parse_settings(["--tree-memory-budget", "2000000"]).policy.tree_memory_budget == 2_000_000
+    with pytest.raises(SystemExit):
+        parse_settings(["--tree-memory-budget", "0"])
