@@ -17,6 +17,8 @@ from prometheus_client.registry import Collector
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
 """Yields (model, role, worker, chars) for every tenant of every tree."""
+TreeBytesSource = Callable[[], Iterable[tuple[str, str, int]]]
+"""Yields (model, role, estimated bytes) for every (model, policy slot) holding trees."""
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client; the *_created series double the exposition and no dashboard reads them
 
@@ -38,6 +40,21 @@ class _TreeSizeCollector(Collector):
         )
         for model, role, worker, chars in self._source():
             family.add_metric((model, role, worker), chars)
+        yield family
+
+
+class _TreeBytesCollector(Collector):
+    def __init__(self, source: TreeBytesSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "smg_cache_tree_bytes",
+            "Estimated memory of the cache-aware trees (their sum is what --tree-memory-budget bounds)",
+            labels=("model", "role"),
+        )
+        for model, role, n in self._source():
+            family.add_metric((model, role), n)
         yield family
 
 
@@ -133,6 +150,9 @@ class Metrics:
 
     def add_tree_size_source(self, source: TreeSizeSource) -> None:
         self.registry.register(_TreeSizeCollector(source))
+
+    def add_tree_bytes_source(self, source: TreeBytesSource) -> None:
+        self.registry.register(_TreeBytesCollector(source))
 
     def forget_worker(self, worker: str, role: str) -> None:
         """Drop a removed worker's per-worker series so label values stay bounded."""
