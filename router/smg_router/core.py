@@ -29,6 +29,9 @@ from smg_router.workers.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 LOOP_LAG_INTERVAL = 0.25
+TREE_CHECK_INTERVAL = 0.5
+"""Seconds between two rounds of tree upkeep (reclaim, high-water caps, the byte budget): what a burst may
+add over the budget is what the requests of half a second insert."""
 
 
 class RouterCore:
@@ -40,6 +43,7 @@ class RouterCore:
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
+        self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
         self.fleet = Fleet(
             settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
         )
@@ -122,9 +126,29 @@ class RouterCore:
             self.metrics.loop_lag.observe(max(0.0, loop.time() - t0 - LOOP_LAG_INTERVAL))
 
     async def _evict_periodically(self) -> None:
+        """Tree upkeep: a round every TREE_CHECK_INTERVAL (a full cap at every eviction_interval), run in
+        slices of a few ms with a turn of the event loop between two (no request waits behind a big job)."""
+        loop = asyncio.get_running_loop()
+        interval = self.settings.policy.eviction_interval
+        next_period = loop.time() + interval
         while True:
-            await asyncio.sleep(self.settings.policy.eviction_interval)
-            self.policies.maintain()
+            await asyncio.sleep(min(TREE_CHECK_INTERVAL, interval))
+            periodic = loop.time() >= next_period
+            if periodic:
+                next_period = loop.time() + interval
+            await run_tree_upkeep(self.policies, periodic=periodic)
+
+
+async def run_tree_upkeep(policies: PolicyRegistry, *, periodic: bool) -> None:
+    """One round of upkeep of every tree, with a turn of the event loop between two of its slices.
+
+    Two turns, in fact: after the first, this task is at the head of the loop's ready queue, ahead of the
+    timers and I/O callbacks that fell due during the slice; the second puts it behind them, so what waited
+    waits for one slice (~2 ms), not two or three.
+    """
+    for _ in policies.tree_upkeep(periodic=periodic):
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
 
 
 ROUTER = web.AppKey("router", RouterCore)

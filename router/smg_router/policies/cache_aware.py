@@ -14,14 +14,20 @@ text: the whole prompt as the engine sees it).  Per request, over the routable w
 4. Insert the text for the chosen worker, in the same descent as the match.
 
 Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold
-1.5, eviction every 120 s down to max_tree_size (2**26) characters per worker per tree, and at once for
-a worker that passes max_tree_size * high_water_ratio between periods.  A request for a model with no
-tree gets one created on the spot and is counted as ``no_tree`` (the lifecycle should have made it).
+1.5.  A request for a model with no tree gets one created on the spot and is counted as ``no_tree`` (the
+lifecycle should have made it).
+
+Upkeep is off the request path: ``select`` never evicts.  ``sync`` detaches a worker that left from its
+trees at once (O(1): no match sees it from then on) and retires the tree of a model that left; the
+router's one upkeep task (``PolicyRegistry.tree_upkeep``, over every instance's ``tree_slots``) then
+reclaims their nodes, caps each worker at max_tree_size (2**26) chars per tree (every eviction_interval,
+120 s, and at max_tree_size * high_water_ratio in between) and keeps all the trees of the router under
+tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import Policy, PolicyContext, RouteRequest, least_loaded
 from smg_router.tree import Match, RadixTree
@@ -35,7 +41,9 @@ class CacheAwarePolicy(Policy):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._trees: dict[str, RadixTree] = {}
-        self._high_water = int(ctx.settings.max_tree_size * ctx.settings.high_water_ratio)
+        self._retired: list[tuple[str, RadixTree]] = []
+        """Trees of models that left, their tenants detached, until upkeep has reclaimed their nodes
+        (dropping a big tree at once would free it all in one go, or leave cycles for a full collection)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
@@ -48,9 +56,17 @@ class CacheAwarePolicy(Policy):
         for model, tree in list(self._trees.items()):
             keep = wanted.get(model, set())
             for tenant in tree.tenants() - keep:
-                tree.remove_tenant(tenant)
+                tree.detach_tenant(tenant)
             if model not in wanted:
-                del self._trees[model]
+                self._retired.append((model, self._trees.pop(model)))
+
+    def retire(self) -> None:
+        """This instance is dropped (its slot went away): detach every tenant of every tree."""
+        for model, tree in self._trees.items():
+            for tenant in tree.tenants():
+                tree.detach_tenant(tenant)
+            self._retired.append((model, tree))
+        self._trees = {}
 
     def has_tree(self, model: str) -> bool:
         return model in self._trees
@@ -77,8 +93,6 @@ class CacheAwarePolicy(Policy):
                 return chosen.url
 
             tree.match_and_insert(text, choose)
-        if tree.tenant_size(chosen.url) > self._high_water:
-            self._evict(model, tree, chosen.url)
         return chosen
 
     def _choose_by_match(
@@ -99,15 +113,28 @@ class CacheAwarePolicy(Policy):
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:
+        """Everything at once: reclaim, then cap every worker at max_tree_size.  For tests and tools; the
+        router runs the same work in slices (``PolicyRegistry.tree_upkeep``)."""
+        for _, tree in self.tree_slots():
+            while tree.reclaim(1 << 62):
+                pass
         for model, tree in self._trees.items():
-            evicted = sum(tree.evict(self.ctx.settings.max_tree_size).values())
-            if evicted:
-                self.ctx.metrics.evictions.labels(model, self.ctx.role).inc(evicted)
+            self.count_evicted(model, sum(tree.evict(self.ctx.settings.max_tree_size).values()))
 
-    def _evict(self, model: str, tree: RadixTree, tenant: str) -> None:
-        evicted = tree.evict_tenant(tenant, self.ctx.settings.max_tree_size)
-        if evicted:
-            self.ctx.metrics.evictions.labels(model, self.ctx.role).inc(evicted)
+    def tree_slots(self) -> Iterator[tuple[str, RadixTree]]:
+        """(model, tree) for upkeep: every live tree, and the retired ones until their nodes are reclaimed."""
+        self._retired = [(m, t) for m, t in self._retired if t.reclaim_pending()]
+        yield from self._trees.items()
+        yield from self._retired
+
+    def count_evicted(self, model: str, chars: int) -> None:
+        if chars:
+            self.ctx.metrics.evictions.labels(model, self.ctx.role).inc(chars)
+
+    def tree_bytes(self) -> Iterator[tuple[str, int]]:
+        """(model, estimated bytes) of every tree this instance holds, retired ones included."""
+        for model, tree in self.tree_slots():
+            yield model, tree.estimated_bytes()
 
     def tree_sizes(self) -> Iterable[tuple[str, str, int]]:
         for model, tree in self._trees.items():

@@ -3,17 +3,24 @@
 ``sync`` is the policies' half of the one lifecycle path: after any worker add, update or removal it
 tells every instance exactly which workers it can reach, creating or dropping per-model instances as
 the labels say.  No instance is ever left uninitialised, stale or holding a removed worker.
+
+``tree_upkeep`` is the one upkeep of every cache-aware tree of the router (every instance, every model,
+and the trees of dropped instances until their nodes are reclaimed), under one byte budget
+(``--tree-memory-budget``): a generator of slices the router's ``smg-tree-eviction`` task drives.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 
 from smg_router.policies.base import Policy
+from smg_router.policies.cache_aware import CacheAwarePolicy
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policy_names import canonical_name
 from smg_router.settings import PolicySettings
+from smg_router.tree import Limits, RadixTree, Upkeep
 from smg_router.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,16 @@ class PolicyRegistry:
         self.prefill = factory.create(settings.prefill_policy or settings.name, role="prefill")
         self.decode = factory.create(settings.decode_policy or settings.name, role="decode")
         self.by_model: dict[str, Policy] = {}
+        self._retired: list[CacheAwarePolicy] = []
+        """Dropped cache-aware instances whose trees upkeep has not reclaimed yet."""
+        self._upkeep: Upkeep[tuple[CacheAwarePolicy, str]] = Upkeep(
+            Limits(
+                budget_bytes=settings.tree_memory_budget,
+                max_chars=settings.max_tree_size,
+                high_water_ratio=settings.high_water_ratio,
+            ),
+            clock=time.perf_counter,
+        )
 
     def policy_for(self, role: str, model: str | None) -> Policy:
         if role == "prefill":
@@ -75,7 +92,10 @@ class PolicyRegistry:
                     )
         for model in list(self.by_model):
             if wanted.get(model) != self.by_model[model].name:
-                del self.by_model[model]
+                dropped = self.by_model.pop(model)
+                if isinstance(dropped, CacheAwarePolicy):
+                    dropped.retire()
+                    self._retired.append(dropped)
         for model, name in wanted.items():
             if model not in self.by_model:
                 self.by_model[model] = self._factory.create(name, role="regular")
@@ -87,8 +107,39 @@ class PolicyRegistry:
         self.decode.sync(decode)
 
     def maintain(self) -> None:
+        """Every instance's upkeep at once (tests, tools); the router runs ``tree_upkeep`` in slices."""
         for _, policy in self.instances():
             policy.maintain()
+
+    def tree_upkeep(self, *, periodic: bool) -> Iterator[None]:
+        """One round of upkeep of every tree (``tree.Upkeep``), yielding between slices of a few ms.
+
+        ``periodic``: the eviction_interval came round, so cap every worker at max_tree_size (between
+        periods only those past the high-water mark)."""
+        return self._upkeep.run(self._tree_slots, self._count_evicted, periodic=periodic)
+
+    def _cache_aware(self) -> list[CacheAwarePolicy]:
+        live = [p for _, p in self.instances() if isinstance(p, CacheAwarePolicy)]
+        self._retired = [p for p in self._retired if any(True for _ in p.tree_slots())]
+        return live + self._retired
+
+    def _tree_slots(self) -> list[tuple[tuple[CacheAwarePolicy, str], RadixTree]]:
+        return [((policy, model), tree) for policy in self._cache_aware() for model, tree in policy.tree_slots()]
+
+    @staticmethod
+    def _count_evicted(key: tuple[CacheAwarePolicy, str], chars: int) -> None:
+        policy, model = key
+        policy.count_evicted(model, chars)
+
+    def tree_bytes(self) -> Iterator[tuple[str, str, int]]:
+        """(model, role, estimated bytes) of the trees of every instance, for the scrape-time gauge."""
+        out: dict[tuple[str, str], int] = {}
+        for policy in self._cache_aware():
+            for model, n in policy.tree_bytes():
+                key = (model, policy.ctx.role)
+                out[key] = out.get(key, 0) + n
+        for (model, role), n in out.items():
+            yield model, role, n
 
     def tree_sizes(self) -> Iterator[tuple[str, str, str, int]]:
         """(model, role, worker, chars) across every instance, for the scrape-time gauge."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from smg_router.policies.registry import PolicyRegistry
 from support.policy_env import Env, RouteRequest, make_worker
 
 NOW = 1000.0
@@ -157,15 +158,42 @@ def test_missing_tree_is_created_and_counted(env: Env) -> None:
     )
 
 
+def _upkeep(reg: PolicyRegistry, *, periodic: bool) -> int:
+    """Run one upkeep round to its end, as the router's task does between its slices; returns the slices."""
+    return sum(1 for _ in reg.tree_upkeep(periodic=periodic)) + 1
+
+
 def test_high_water_mark_evicts_between_periods() -> None:
+    """The request path never evicts; the next upkeep round (every 0.5 s, not every eviction_interval)
+    brings a worker past the high-water mark back to max_tree_size."""
     env = Env(max_tree_size=1000, high_water_ratio=1.2)
+    reg = PolicyRegistry(env.factory, env.settings)
     workers = [make_worker(2)]
-    p = _policy(env, workers)
+    reg.sync(workers)
+    env.loads.record(workers[0].id, 0, at=NOW)
+    p = reg.default
     for i in range(30):
-        p.select(workers, RouteRequest("m", f"{i:03d}" + "p" * 97), NOW)
+        p.select(workers, RouteRequest("m", chr(65 + i) + "p" * 99), NOW)
     ((_, _, size),) = list(p.tree_sizes())
-    assert size <= 1200
+    assert size == 3000  # nothing evicted on the request path
+    _upkeep(reg, periodic=False)
+    ((_, _, size),) = list(p.tree_sizes())
+    assert size <= 1000
     assert env.sample("smg_cache_tree_evictions_total", model="m", role="regular") > 0
+
+
+def test_between_periods_only_workers_past_the_high_water_mark_are_evicted() -> None:
+    env = Env(max_tree_size=1000, high_water_ratio=1.5)
+    reg = PolicyRegistry(env.factory, env.settings)
+    workers = [make_worker(2)]
+    reg.sync(workers)
+    env.loads.record(workers[0].id, 0, at=NOW)
+    for i in range(12):  # 1200 chars: over max_tree_size, under the high-water mark (1500)
+        reg.default.select(workers, RouteRequest("m", chr(65 + i) * 100), NOW)
+    _upkeep(reg, periodic=False)
+    assert [size for *_, size in reg.default.tree_sizes()] == [1200]
+    _upkeep(reg, periodic=True)
+    assert [size for *_, size in reg.default.tree_sizes()] == [1000]
 
 
 def test_periodic_maintain_evicts_to_budget() -> None:
@@ -177,6 +205,85 @@ def test_periodic_maintain_evicts_to_budget() -> None:
     p.maintain()
     ((_, _, size),) = list(p.tree_sizes())
     assert size <= 500
+
+
+def _registry(env: Env, workers) -> PolicyRegistry:
+    reg = PolicyRegistry(env.factory, env.settings)
+    reg.sync(workers)
+    for w in workers:
+        env.loads.record(w.id, 0, at=NOW)
+    return reg
+
+
+def test_a_removed_worker_leaves_every_match_at_once_even_back_under_the_same_url(env: Env) -> None:
+    """Removal detaches the worker at once and reclaims its nodes later: meanwhile nothing routes by what
+    it held, not even the same URL registered again (a new worker with an empty cache)."""
+    a, b = make_worker(2), make_worker(3)
+    reg = _registry(env, [a, b])
+    text = "cached prompt " * 20
+    holder = reg.default.select([a, b], RouteRequest("m", text), NOW)
+    holder.processed += 10  # the other worker is the least loaded from now on
+    other = b if holder is a else a
+    reg.sync([other])  # the holder leaves...
+    assert {w for _, w, _ in reg.default.tree_sizes()} == set()
+    reg.sync([holder, other])  # ...and comes back before upkeep reclaimed anything
+    assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is other  # a miss, not a hit
+    assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
+    for _ in reg.tree_upkeep(periodic=False):
+        pass
+    assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is other  # now a hit on other
+    assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 1
+
+
+def test_trees_of_a_model_that_left_are_reclaimed_by_upkeep_and_counted_until_then(env: Env) -> None:
+    workers = [make_worker(2, model="gone"), make_worker(3)]
+    reg = _registry(env, workers)
+    env.metrics.add_tree_bytes_source(reg.tree_bytes)
+    for i in range(200):
+        reg.default.select(workers[:1], RouteRequest("gone", f"{i:04d} " + "g" * 50), NOW)
+    held = env.sample("smg_cache_tree_bytes", model="gone", role="regular")
+    assert held > 200 * 50
+    reg.sync(workers[1:])  # the model's last worker left: its tree is retired, not freed in one go
+    assert not reg.default.has_tree("gone")
+    assert env.sample("smg_cache_tree_bytes", model="gone", role="regular") == held
+    for _ in reg.tree_upkeep(periodic=False):
+        pass
+    assert env.metrics.registry.get_sample_value("smg_cache_tree_bytes", {"model": "gone", "role": "regular"}) is None
+
+
+def test_one_budget_covers_every_policy_instance() -> None:
+    """Default, prefill and decode instances each keep their trees; the budget is for all of them."""
+    budget = 400_000
+    env = Env(tree_memory_budget=budget)
+    regular, pre, dec = make_worker(2), make_worker(3, role="prefill"), make_worker(4, role="decode")
+    reg = _registry(env, [regular, pre, dec])
+    env.metrics.add_tree_bytes_source(reg.tree_bytes)
+    for policy, w in ((reg.default, regular), (reg.prefill, pre), (reg.decode, dec)):
+        for i in range(600):
+            policy.select([w], RouteRequest("m", f"{i:05d} unique tail {i * 7919}"), NOW)
+    total = sum(n for *_, n in reg.tree_bytes())
+    assert total > budget
+    for _ in reg.tree_upkeep(periodic=False):
+        pass
+    by_role = {role: n for _, role, n in reg.tree_bytes()}
+    assert sum(by_role.values()) <= budget
+    assert set(by_role) == {"regular", "prefill", "decode"} and min(by_role.values()) > budget // 10
+    for role in by_role:
+        assert env.sample("smg_cache_tree_evictions_total", model="m", role=role) > 0
+        assert env.sample("smg_cache_tree_bytes", model="m", role=role) == by_role[role]
+
+
+def test_a_dropped_per_model_instance_keeps_its_trees_until_upkeep_reclaims_them(env: Env) -> None:
+    labelled = make_worker(2, model="b", labels={"policy": "cache_aware"})
+    reg = _registry(env, [labelled])
+    for i in range(100):
+        reg.by_model["b"].select([labelled], RouteRequest("b", f"{i:04d} " + "b" * 40), NOW)
+    reg.sync([])  # the worker left: the per-model instance goes, its tree is not freed in one go
+    assert "b" not in reg.by_model
+    assert [model for model, _, n in reg.tree_bytes() if n > 100 * 40] == ["b"]
+    for _ in reg.tree_upkeep(periodic=False):
+        pass
+    assert list(reg.tree_bytes()) == []
 
 
 def test_tree_memory_budget_comes_from_the_flag_or_the_environment(monkeypatch) -> None:
