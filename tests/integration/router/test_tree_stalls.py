@@ -2,18 +2,18 @@
 
 A real RouterCore (its policy registry, lifecycle and the coroutine its ``smg-tree-eviction`` task runs,
 ``core.run_tree_upkeep``) on a real event loop. One worker gets 10 M chars of short unique prompts (20
-chars each, the shape with the most nodes per char: ~650k nodes, ~400 MB) through the policy API; then a
+chars each, the shape with the most nodes per char: 808k nodes, ~435 MiB estimated) through the policy API; then a
 ticker task wakes every 1 ms and records the longest gap between two wake-ups while (1) a round of upkeep
 evicts the tree down to a 16 MiB budget, and (2) separately, after building it again, the worker is
 removed through the lifecycle and upkeep reclaims its nodes. Meanwhile a request task keeps routing
 prompts (every 1 ms) among the routable workers and checks the removed worker is never chosen.
 
-Before this change the same work ran in one go: ``evict_tenant`` of 10 M chars of such prompts took
-3.8 s and ``remove_tenant`` 0.86 s on this kind of machine (0.19 s and 0.05 s at 1 M chars).
+Before this change the same work ran in one go, holding the loop: on this very tree ``evict_tenant`` to
+300k chars took 3.9 s and ``remove_tenant`` 0.6 s on this kind of machine (0.19 s and 0.05 s at ~0.9 M chars).
 A full garbage collection is owed after building (the build allocates millions of tracked objects): the
 test runs it before each measured window, so that the window measures the upkeep, not the build.
 
-Takes ~40-55 s on a shared 2-core machine (most of it building the tree twice), ~1 GB of memory.
+Takes ~32-40 s on a shared 2-core machine (most of it building the tree twice, ~12 s each), ~1 GB of memory.
 """
 
 from __future__ import annotations
