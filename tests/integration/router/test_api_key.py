@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
 import pytest
 from aiohttp import web
+from support.inproc_worker import serving
 from support.procs import MODEL, http_json, start_router
 
 API_KEY, ADMIN_KEY = "data-plane-key-123", "admin-key-456"
@@ -21,42 +21,21 @@ class RecordingWorker:
     def __init__(self) -> None:
         self.authorization: list[str | None] = []
 
-    @contextlib.asynccontextmanager
-    async def serving(self, host: str) -> AsyncIterator[str]:
-        async def health(_: web.Request) -> web.Response:
-            return web.json_response({})
+    async def chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.authorization.append(request.headers.get("Authorization"))
+        return web.json_response(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            }
+        )
 
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"data": [{"id": MODEL}]})
-
-        async def chat(request: web.Request) -> web.Response:
-            await request.read()
-            self.authorization.append(request.headers.get("Authorization"))
-            return web.json_response(
-                {
-                    "id": "c",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": MODEL,
-                    "choices": [
-                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
-                    ],
-                }
-            )
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            await runner.cleanup()
+    def serving(self, host: str) -> contextlib.AbstractAsyncContextManager[str]:
+        return serving(host, {"/v1/chat/completions": self.chat})
 
 
 def _chat(base: str, key: str) -> openai.types.chat.ChatCompletion:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from support.inproc_worker import serving
 from support.procs import MODEL, Router, start_router, start_sim, wait_until
 
 
@@ -35,27 +35,8 @@ class FlakyWorker:
             }
         )
 
-    @contextlib.asynccontextmanager
-    async def serving(self, host: str) -> AsyncIterator[str]:
-        async def health(_: web.Request) -> web.Response:
-            return web.json_response({})
-
-        async def models(_: web.Request) -> web.Response:
-            return web.json_response({"data": [{"id": MODEL}]})
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/completions", self.completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            await runner.cleanup()
+    def serving(self, host: str) -> contextlib.AbstractAsyncContextManager[str]:
+        return serving(host, {"/v1/completions": self.completions})
 
 
 def _breaker(router: Router, url: str) -> str:
