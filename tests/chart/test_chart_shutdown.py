@@ -1,4 +1,4 @@
-"""The router's graceful shutdown in the chart: preStop, grace period and the router's timeout from the same values."""
+"""Router settings the chart passes on: graceful shutdown (preStop, grace period, timeout), timeouts, the API key."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def test_the_upstream_timeouts_reach_the_router() -> None:
     router = out.get("Deployment", "smg-router")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in router["env"]}
     assert env["SMG_FIRST_BYTE_TIMEOUT"] == "45" and env["SMG_STREAM_IDLE_TIMEOUT"] == "30"
+
+
+def test_the_data_plane_key_comes_from_the_named_secret_only_when_one_is_named() -> None:
+    def env(values: dict) -> dict:
+        router = render(values).get("Deployment", "smg-router")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e for e in router["env"]}
+
+    assert "SMG_API_KEY" not in env({})
+    key = env({"auth": {"apiKeySecret": {"name": "clients", "key": "token"}}})["SMG_API_KEY"]
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "clients", "key": "token"}
