@@ -32,7 +32,6 @@ class Fleet:
         loads: LoadView,
         metrics: Metrics,
     ) -> None:
-        self.registry = registry
         self.lifecycle = Lifecycle(
             registry=registry, policies=policies, loads=loads, metrics=metrics, retry=settings.retry
         )
