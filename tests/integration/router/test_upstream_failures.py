@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from support.procs import MODEL, http_json, start_router, start_sim, wait_until
+from support.raw_http import read_request
 
 
 async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_event(logs: Path) -> None:
@@ -51,17 +52,7 @@ async def _worker_that_breaks_off(host: str) -> AsyncIterator[str]:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                (
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                ),
-                0,
-            )
-            await reader.readexactly(length)
-            path = head.split(b" ")[1]
+            path = await read_request(reader)
             if path == b"/health":
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
             elif path == b"/v1/models":

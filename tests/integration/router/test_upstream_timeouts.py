@@ -26,6 +26,7 @@ import pytest
 from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
 from smg_router.upstream.session import SessionUpstream
 from support.procs import MODEL, http_json, start_router, start_sim, wait_until
+from support.raw_http import read_request
 
 HOST = "127.0.0.72"
 LIMIT = 20.0
@@ -48,17 +49,7 @@ async def raw_worker(script: Script, host: str = HOST) -> AsyncIterator[str]:
         tasks.add(task)
         writers.append(writer)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                (
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                ),
-                0,
-            )
-            await reader.readexactly(length)
-            answer = asyncio.ensure_future(script(head.split(b" ")[1], writer))
+            answer = asyncio.ensure_future(script(await read_request(reader), writer))
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait([answer, stopped], return_when=asyncio.FIRST_COMPLETED)
             for f in (answer, stopped):
