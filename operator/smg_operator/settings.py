@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,8 +40,21 @@ def _env(flag: str, default: str) -> str:
     return default if value is None else value
 
 
+SERVICE_LINK = re.compile(r"(tcp|udp|sctp)://\S+:[0-9]+")
+"""The value Kubernetes gives ``<SERVICE>_PORT`` for every Service in the namespace (service links): the chart's
+Service ``smg-operator-metrics`` sets ``SMG_OPERATOR_METRICS_PORT=tcp://10.96.0.84:8080``.  No setting takes such
+a value, so one is a collision, not a setting, and is ignored."""
+
+
 def _env_or_none(flag: str) -> str | None:
-    return os.environ.get("SMG_OPERATOR_" + flag.upper().replace("-", "_"))
+    var = "SMG_OPERATOR_" + flag.upper().replace("-", "_")
+    raw = os.environ.get(var)
+    if raw is not None and SERVICE_LINK.fullmatch(raw):
+        logging.getLogger(__name__).warning(
+            "ignoring %s=%s: a Kubernetes service link, not a setting (set enableServiceLinks: false)", var, raw
+        )
+        return None
+    return raw
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:

@@ -9,7 +9,9 @@ to the load monitor, and so on.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -149,8 +151,20 @@ class Settings:
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
 
 
+SERVICE_LINK = re.compile(r"(tcp|udp|sctp)://\S+:[0-9]+")
+"""The value Kubernetes gives ``<SERVICE>_PORT`` for every Service in the namespace (service links): a Service
+named ``smg`` sets ``SMG_PORT=tcp://10.96.0.7:30000``, which is no port number.  No setting takes such a value,
+so one is a collision, not a setting, and is ignored."""
+
+
 def _env(name: str, default: object) -> object:
-    raw = os.environ.get("SMG_" + name.upper().replace("-", "_"))
+    var = "SMG_" + name.upper().replace("-", "_")
+    raw = os.environ.get(var)
+    if raw is not None and SERVICE_LINK.fullmatch(raw):
+        logging.getLogger(__name__).warning(
+            "ignoring %s=%s: a Kubernetes service link, not a setting (set enableServiceLinks: false)", var, raw
+        )
+        return default
     return default if raw is None else raw
 
 
