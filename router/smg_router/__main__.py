@@ -35,12 +35,17 @@ async def serve(settings: Settings) -> None:
         app, handler_cancellation=True, access_log=None, handle_signals=False, shutdown_timeout=STREAM_END_GRACE
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, reuse_address=True, backlog=1024)
-    await site.start()
+    s = settings.server
+    sites = [web.TCPSite(runner, s.host, s.port, reuse_address=True, backlog=1024)]
+    if s.admin_port:  # the lifecycle mutations answer only here (app.admin_port_split)
+        sites.append(web.TCPSite(runner, s.host, s.admin_port, reuse_address=True))
+    for site in sites:
+        await site.start()
     log.info(
-        "smg-router serving on http://%s:%d (policy %s, %d worker(s) from the command line)",
-        settings.server.host,
-        settings.server.port,
+        "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
+        s.host,
+        s.port,
+        f", worker lifecycle changes on port {s.admin_port}" if s.admin_port else "",
         settings.policy.name,
         len(settings.worker_urls),
     )
@@ -50,12 +55,12 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
-        await _drain(app[ROUTER], site, settings)
+        await _drain(app[ROUTER], sites, settings)
     finally:
         await runner.cleanup()
 
 
-async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> None:
+async def _drain(core: RouterCore, sites: list[web.TCPSite], settings: Settings) -> None:
     s = settings.server
     core.shutting_down = True
     admission = core.admission
@@ -66,7 +71,8 @@ async def _drain(core: RouterCore, site: web.TCPSite, settings: Settings) -> Non
         len(admission),
     )
     await asyncio.sleep(s.shutdown_delay)
-    await site.stop()  # no new connections; open ones keep being served
+    for site in sites:
+        await site.stop()  # no new connections; open ones keep being served
     if not await admission.wait_idle(s.shutdown_timeout):
         ended = core.proxy.relay.end_streams()
         log.warning(

@@ -3,7 +3,8 @@
 Mutations need ``Authorization: Bearer <admin key>`` when a key is configured.  Every mutation goes
 through the one lifecycle path; a body that fails validation changes nothing and gets a 400 naming
 the field.  SGLang-router compatible aliases: ``POST /add_worker?url=``, ``POST /remove_worker?url=``,
-``GET /list_workers``.
+``GET /list_workers``.  With ``--admin-port`` the mutations are served on that port only and the reads on
+both (``app.py`` dispatches by the port a request came in on).
 """
 
 from __future__ import annotations
@@ -159,6 +160,12 @@ async def remove_worker_compat(request: web.Request) -> web.Response:
 
 async def list_workers_compat(request: web.Request) -> web.Response:
     return _json({"urls": [w.url for w in _core(request).registry]})
+
+
+MUTATIONS = frozenset({create_worker, patch_worker, put_worker, delete_worker, add_worker_compat, remove_worker_compat})
+"""The handlers that change the fleet: with ``--admin-port`` they answer only there (``app.py``)."""
+READS = frozenset({list_workers, get_worker, list_workers_compat})
+"""The lifecycle reads: served on both ports."""
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,4 +1,9 @@
-"""Build the router's aiohttp application: routes, the error middleware, the core under an AppKey."""
+"""Build the router's aiohttp application: routes, the error middleware, the core under an AppKey.
+
+With ``--admin-port`` one application listens on two ports (``__main__`` opens both) and a middleware splits
+them by the port each connection came in on: the lifecycle mutations only on the admin port, which serves
+nothing but the lifecycle API; the lifecycle reads on both.  A NetworkPolicy can then guard the admin port alone.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,12 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from smg_router import admin, handlers
 from smg_router.core import ROUTER, RouterCore
-from smg_router.errors import RouterError, error_response
-from smg_router.settings import Settings
+from smg_router.errors import NotFound, RouterError, error_response
+from smg_router.settings import ServerSettings, Settings
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -35,8 +41,41 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return response
 
 
+def _local_port(request: web.Request) -> int | None:
+    """The port this connection was accepted on (the socket's, not the client's Host header)."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return sockname[1] if isinstance(sockname, tuple) else None
+
+
+def admin_port_split(server: ServerSettings) -> Middleware:
+    admin_port, data_port = server.admin_port, server.port
+    lifecycle = admin.MUTATIONS | admin.READS
+
+    @web.middleware
+    async def split(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.handler
+        if _local_port(request) == admin_port:
+            if request.match_info.http_exception is None and route not in lifecycle:
+                raise NotFound(
+                    f"port {admin_port} serves only the worker lifecycle API; {request.path} is on port {data_port}",
+                    code="not_on_admin_port",
+                )
+        elif route in admin.MUTATIONS:
+            raise NotFound(
+                f"{request.method} {request.path}: worker lifecycle changes are served on the admin port "
+                f"{admin_port} only (--admin-port)",
+                code="admin_port_only",
+            )
+        return await handler(request)
+
+    return split
+
+
 def build_app(settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=settings.server.max_payload_size)
+    middlewares: list[Middleware] = [errors_as_json]
+    if settings.server.admin_port:
+        middlewares.append(admin_port_split(settings.server))
+    app = web.Application(middlewares=middlewares, client_max_size=settings.server.max_payload_size)
     core = RouterCore(settings)
     app[ROUTER] = core
 

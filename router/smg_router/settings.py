@@ -94,6 +94,9 @@ class RetrySettings:
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
+    admin_port: int = 0
+    """Port of the lifecycle mutations (POST/PUT/PATCH/DELETE /workers, /add_worker, /remove_worker), on the
+    same host; the main port then refuses them, so a NetworkPolicy can tell the two apart.  0: the main port."""
     max_payload_size: int = 8 * 1024 * 1024
     """Largest request body accepted (413 above): a long prompt is a few MB of JSON."""
     max_concurrent_requests: int = 1024
@@ -181,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     s, pol, ld, h, r = ServerSettings(), PolicySettings(), LoadSettings(), HealthSettings(), RetrySettings()
     add("--host", s.host, help="address to listen on")
     add("--port", s.port, type=int, help="port to listen on")
+    add("--admin-port", s.admin_port, type=int, help="port of the lifecycle mutations alone (0: --port)")
     p.add_argument(
         "--worker-urls",
         nargs="*",
@@ -306,6 +310,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         )
     if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout) <= 0:
         parser.error("--request-timeout, --first-byte-timeout and --stream-idle-timeout must be positive")
+    if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
+        parser.error("--admin-port must be a port number other than --port (or 0)")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
         parser.error("--shutdown-delay and --shutdown-timeout must not be negative")
     for flag in ("policy", "prefill_policy", "decode_policy"):
@@ -340,6 +346,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         server=ServerSettings(
             host=a.host,
             port=a.port,
+            admin_port=a.admin_port,
             max_payload_size=a.max_payload_size,
             max_concurrent_requests=a.max_concurrent_requests,
             max_inflight_bytes=a.max_inflight_bytes,
