@@ -2,6 +2,10 @@
 
 The operator never reaches into router internals; it uses the same API as people do, with the admin
 token from ``SMG_ADMIN_API_KEY``.  Every call is counted in ``smg_operator_hook_calls_total``.
+
+Every call, reads included (they carry the token too), goes through the leadership ``Gate``: once this
+replica stops leading, a call is refused before anything is sent (``NotLeading``, not counted as a hook call)
+and a call in flight is cancelled.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from smg_operator.leadership import Gate, GateClosed
 from smg_operator.metrics import OperatorMetrics
 
 
@@ -21,11 +26,25 @@ class RouterCallError(Exception):
         self.reachable = reachable
 
 
+class NotLeading(RouterCallError):
+    """The gate refused the call (or cancelled it): this replica no longer leads."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reachable=False)
+
+
 class RouterClient:
     def __init__(
-        self, *, session: aiohttp.ClientSession, token: str | None, metrics: OperatorMetrics, timeout: float = 5.0
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        token: str | None,
+        metrics: OperatorMetrics,
+        timeout: float = 5.0,
+        gate: Gate | None = None,
     ) -> None:
         self._session = session
+        self._gate = gate or Gate()  # no election: always open
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._metrics = metrics
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -39,6 +58,21 @@ class RouterClient:
         json: Any = None,
         ok: tuple[int, ...] = (200, 201),
         client_timeout: aiohttp.ClientTimeout | None = None,
+    ) -> Any:
+        try:
+            return await self._gate.run(self._send(hook, method, url, json=json, ok=ok, client_timeout=client_timeout))
+        except GateClosed as e:
+            raise NotLeading(f"{method} {url} not sent: {e}") from None
+
+    async def _send(
+        self,
+        hook: str,
+        method: str,
+        url: str,
+        *,
+        json: Any,
+        ok: tuple[int, ...],
+        client_timeout: aiohttp.ClientTimeout | None,
     ) -> Any:
         try:
             async with self._session.request(
@@ -59,10 +93,17 @@ class RouterClient:
         body = await self._call("list", "GET", f"{router}/workers")
         return list(body.get("workers", []))
 
-    # The answers of register and replace (the worker record) are not used: each reconcile reads the
-    # replica's state back with list_workers, so there is one source of truth for what a replica holds.
-    async def register(self, router: str, registration: dict[str, Any]) -> None:
-        await self._call("register", "POST", f"{router}/workers", json=registration)
+    # The answers of register and replace (the worker record) are not used beyond the new id: each reconcile
+    # reads the replica's state back with list_workers, so there is one source of truth for what a replica holds.
+    async def register(self, router: str, registration: dict[str, Any]) -> str | None:
+        """POST the worker; its id on that replica (None if the answer had none)."""
+        body = await self._call("register", "POST", f"{router}/workers", json=registration)
+        worker_id = body.get("id") if isinstance(body, dict) else None
+        return worker_id if isinstance(worker_id, str) else None
+
+    async def set_draining(self, router: str, worker_id: str, draining: bool) -> None:
+        """Drain (no new requests, in-flight finish) or undrain a worker without removing it."""
+        await self._call("drain", "PATCH", f"{router}/workers/{worker_id}", json={"draining": draining})
 
     async def replace(self, router: str, worker_id: str, registration: dict[str, Any]) -> None:
         await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)

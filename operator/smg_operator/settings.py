@@ -9,6 +9,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from smg_operator.leadership import LeaseTiming
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OperatorSettings:
@@ -29,9 +31,16 @@ class OperatorSettings:
     leader_election: bool = False
     leader_election_namespace: str | None = None
     lease_duration: int = 15
-    """Seconds a leader's Lease stays valid without renewal (renewed every third of it)."""
+    """Seconds a standby waits, after it last saw the Lease change, before it takes the Lease."""
     router_timeout: float = 5.0
     log_level: str = "info"
+    # -- leadership (leadership.py): client-go's timings and the API call timeout they are sized with
+    leader_election_renew_deadline: float = 10.0
+    """Seconds the leader keeps leading without a successful renewal; shorter than the lease duration."""
+    leader_election_retry_period: float = 2.0
+    """Seconds between renewals (leader) and between tries (standby)."""
+    kube_request_timeout: float = 5.0
+    """Bound of every Kubernetes API call the operator makes itself (status, Events, the Lease)."""
 
 
 def _env(flag: str, default: str) -> str:
@@ -90,12 +99,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     )
     p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", "5")))
     p.add_argument("--log-level", default=_env("log-level", "info"))
+    _leadership_flags(p)
     a = p.parse_args(argv)
     if a.reconcile_interval <= 0:
         p.error("--reconcile-interval must be positive")
     namespaces = tuple(a.namespace or [n.strip() for n in ns_env.split(",") if n.strip()])
     if a.leader_election and not (a.leader_election_namespace or namespaces or os.environ.get("POD_NAMESPACE")):
         p.error("--leader-election needs --leader-election-namespace (or POD_NAMESPACE)")
+    _check_leadership(p, a)
     return OperatorSettings(
         namespaces=namespaces,
         reconcile_interval=a.reconcile_interval,
@@ -112,4 +123,46 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
         lease_duration=a.leader_election_lease_duration,
         router_timeout=a.router_timeout,
         log_level=a.log_level,
+        leader_election_renew_deadline=a.leader_election_renew_deadline,
+        leader_election_retry_period=a.leader_election_retry_period,
+        kube_request_timeout=a.kube_request_timeout,
     )
+
+
+# -- leadership -----------------------------------------------------------------------------------------
+def _leadership_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--leader-election-renew-deadline",
+        type=float,
+        default=float(_env("leader-election-renew-deadline", "10")),
+        help="seconds the leader may go without a successful renewal (default 10; < lease duration)",
+    )
+    p.add_argument(
+        "--leader-election-retry-period",
+        type=float,
+        default=float(_env("leader-election-retry-period", "2")),
+        help="seconds between renewals and between a standby's tries (default 2)",
+    )
+    p.add_argument(
+        "--kube-request-timeout",
+        type=float,
+        default=float(_env("kube-request-timeout", "5")),
+        help="seconds every Kubernetes API call of the operator's own may take (default 5)",
+    )
+
+
+def _check_leadership(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The timing invariant of leadership.py: renew deadline + the longest call timeout <= lease duration, so
+    a call the old leader started before its deadline has ended before a standby can take the lease."""
+    if a.kube_request_timeout <= 0:
+        p.error("--kube-request-timeout must be positive")
+    if not a.leader_election:
+        return
+    timing = LeaseTiming(
+        lease_duration=a.leader_election_lease_duration,
+        renew_deadline=a.leader_election_renew_deadline,
+        retry_period=a.leader_election_retry_period,
+    )
+    problems = timing.problems(call_timeout=max(a.kube_request_timeout, a.router_timeout))
+    if problems:
+        p.error("leader election timings: " + "; ".join(problems))

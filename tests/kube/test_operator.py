@@ -188,8 +188,16 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
         e.ns,
         "--leader-election-lease-duration",
         "4",
+        "--leader-election-renew-deadline",
+        "2",
+        "--leader-election-retry-period",
+        "1",
+        "--kube-request-timeout",
+        "2",
+        "--router-timeout",
+        "2",
     ]
-    first = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args).start()  # healthz 200: it leads
+    first = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args).start()  # readyz 200: it leads
     second = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args, name="smg-operator-standby")
     second.proc.start()  # not .start(): it must not become ready while the first one leads
     lease_path = f"/apis/coordination.k8s.io/v1/namespaces/{e.ns}/leases/smg-operator"
@@ -197,14 +205,15 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
         lease = cp.api("GET", lease_path)
         assert lease["spec"]["holderIdentity"].endswith(f"-{first.proc.popen.pid}")
         wait_until(lambda: "stands by" in second.proc.log(), timeout=SETTLE, what="the standby to find the lease held")
-        # standing by while the leader renews: watched over two renewals (the standby retries every 2 s, a
-        # renewal comes every lease duration / 3 = 1.3 s), not over some seconds
+        # standing by while the leader renews: watched over two renewals (the leader renews and the standby
+        # retries every retry period, 1 s), not over some seconds
         renewals: set[str] = set()
 
         def leader_renewed_twice_and_standby_not_ready() -> bool:
             spec = cp.api("GET", lease_path)["spec"]
             assert spec["holderIdentity"].endswith(f"-{first.proc.popen.pid}"), spec
-            assert http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 503  # standing by
+            assert second.probe("/healthz") == 200  # live while standing by: a liveness probe leaves it alone
+            assert second.probe("/readyz") == 503  # not ready: no Service sends it anything
             renewals.add(spec["renewTime"])
             return len(renewals) >= 3
 
@@ -218,7 +227,7 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
         wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="the leader to register the pool")
         first.stop()  # a clean exit releases the lease: the standby takes over
         wait_until(
-            lambda: http_json("GET", second.metrics_url + "/healthz", timeout=2)[0] == 200,
+            lambda: second.probe("/readyz") == 200,
             timeout=SETTLE,
             what="the standby to take the lease",
         )

@@ -43,18 +43,23 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}"
 
     def start(self, timeout: float = 30.0) -> OperatorProcess:
+        """Start it and wait until it is ready (``/readyz`` 200: kopf runs, and it leads if elections are on)."""
         self.proc.start()
         try:
             wait_until(
-                lambda: not self.proc.alive() or http_json("GET", self.metrics_url + "/healthz", timeout=1)[0] == 200,
+                lambda: not self.proc.alive() or self.probe("/readyz") == 200,
                 timeout=timeout,
-                what="smg-operator /healthz",
+                what="smg-operator /readyz",
             )
         except AssertionError:
             self.proc.stop()
             raise
         assert self.proc.alive(), self.proc.log()
         return self
+
+    def probe(self, path: str) -> int:
+        """The status of ``/healthz`` or ``/readyz`` (an OSError when nothing answers)."""
+        return http_json("GET", self.metrics_url + path, timeout=2)[0]
 
     def metrics(self) -> str:
         status, body = http_json("GET", self.metrics_url + "/metrics", timeout=5)
