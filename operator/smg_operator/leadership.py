@@ -153,12 +153,21 @@ class LeaseStore(Protocol):
         ...
 
 
+class RunSync(Protocol):
+    """Runs a blocking store call without blocking the loop (``asyncio.to_thread``; tests pass a fake)."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
+
+
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
 class Elector:
-    """Acquire, keep and give up one Lease.  ``clock`` is monotonic seconds; ``wall`` only stamps the record."""
+    """Acquire, keep and give up one Lease.
+
+    ``clock`` is monotonic seconds and must be the event loop's clock (``asyncio.timeout`` bounds a renewal by
+    it; ``loop.time()`` is ``time.monotonic()`` by default); ``wall`` only stamps the record."""
 
     def __init__(
         self,
@@ -169,9 +178,10 @@ class Elector:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime.datetime] = _utcnow,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        run_sync: RunSync = asyncio.to_thread,
     ) -> None:
         self.store, self.identity, self.timing = store, identity, timing
-        self._clock, self._wall, self._sleep = clock, wall, sleep
+        self._clock, self._wall, self._sleep, self._run = clock, wall, sleep, run_sync
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
         self.leading = False
@@ -191,9 +201,9 @@ class Elector:
             renew_time=now,
             transitions=0,
         )
-        current = await asyncio.to_thread(self.store.get)
+        current = await self._run(self.store.get)
         if current is None:
-            if not await asyncio.to_thread(self.store.create, mine):
+            if not await self._run(lambda: self.store.create(mine)):
                 return False
             return self._hold(mine, started)
         record = current.record
@@ -206,7 +216,7 @@ class Elector:
             mine = replace(mine, acquire_time=record.acquire_time, transitions=record.transitions)
         else:
             mine = replace(mine, transitions=record.transitions + 1)
-        if not await asyncio.to_thread(self.store.update, mine, version=current.version):
+        if not await self._run(lambda: self.store.update(mine, version=current.version)):
             return False
         return self._hold(mine, started)
 
