@@ -12,6 +12,9 @@ from typing import Any
 
 GROUP, VERSION, PLURAL = "smg.dev", "v1alpha1", "smgworkers"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+DRAIN_ANNOTATION = "smg.dev/drain"
+"""``"true"`` on a pod: its worker stays registered but drained on every replica (no new requests, in-flight
+finish) until the annotation goes; a way to take a pod out of rotation without deleting it."""
 MANAGED_BY = "smg.dev/managed-by"
 OWNER_NAME = "smg.dev/smgworker"
 OWNER_UID = "smg.dev/smgworker-uid"
@@ -92,6 +95,8 @@ class DesiredWorker:
     labels: Mapping[str, str]
     owner: str
     pod: str | None = None
+    draining: bool = False
+    """The pod carries ``smg.dev/drain: "true"``: registered, but draining (PATCH ``draining``)."""
 
     def registration(self) -> dict[str, Any]:
         """The POST /workers body."""
@@ -145,6 +150,7 @@ def desired_workers(
             labels={**base, POD_NAME: pod.name, POD_UID: pod.uid},
             owner=owner,
             pod=pod.name,
+            draining=pod.annotations.get(DRAIN_ANNOTATION, "").strip().lower() == "true",
         )
     endpoints = [str(e).rstrip("/") for e in spec.get("endpoints") or []]
     for url in endpoints:
@@ -189,6 +195,7 @@ def router_target(
 class Replica:
     pod: str
     url: str
+    namespace: str = ""
 
 
 def router_replicas(
@@ -205,7 +212,7 @@ def router_replicas(
     selector = {"matchLabels": dict(service_selector)}
     return sorted(
         (
-            Replica(pod=p.name, url=f"http://{p.ip}:{target.port}")
+            Replica(pod=p.name, url=f"http://{p.ip}:{target.port}", namespace=p.namespace)
             for p in pods
             if p.namespace == target.namespace
             and p.running
@@ -219,17 +226,19 @@ def router_replicas(
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What to do on one router replica: register, replace (same URL, new spec), remove (by worker id)."""
+    """What to do on one router replica: register, replace (same URL, new spec), remove (by worker id), and
+    drain or undrain (by worker id) the ones whose pod's ``smg.dev/drain`` annotation changed."""
 
     add: tuple[DesiredWorker, ...] = ()
     replace: tuple[tuple[str, DesiredWorker], ...] = ()
     remove: tuple[str, ...] = ()
+    drain: tuple[tuple[str, bool], ...] = ()
     conflicts: tuple[str, ...] = field(default=())
     """URLs wanted but registered there by someone else: left alone and reported."""
 
     @property
     def empty(self) -> bool:
-        return not (self.add or self.replace or self.remove)
+        return not (self.add or self.replace or self.remove or self.drain)
 
 
 def _same(current: Mapping[str, Any], want: DesiredWorker) -> bool:
@@ -248,6 +257,7 @@ def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]],
     add: list[DesiredWorker] = []
     replace: list[tuple[str, DesiredWorker]] = []
     remove: list[str] = []
+    drain: list[tuple[str, bool]] = []
     conflicts: list[str] = []
     seen: set[str] = set()
     for cur in current:
@@ -257,12 +267,17 @@ def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]],
             seen.add(url)
             if not mine:
                 conflicts.append(url)
-            elif not _same(cur, want[url]):
-                replace.append((cur["id"], want[url]))
+            else:
+                if not _same(cur, want[url]):
+                    replace.append((cur["id"], want[url]))
+                if (cur.get("status") == "draining") != want[url].draining:
+                    drain.append((cur["id"], want[url].draining))
         elif mine:
             remove.append(cur["id"])
     add = [w for url, w in want.items() if url not in seen]
-    return Plan(add=tuple(add), replace=tuple(replace), remove=tuple(remove), conflicts=tuple(conflicts))
+    return Plan(
+        add=tuple(add), replace=tuple(replace), remove=tuple(remove), drain=tuple(drain), conflicts=tuple(conflicts)
+    )
 
 
 def owned_ids(current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> list[str]:

@@ -60,13 +60,14 @@ def services_index(
 
 
 @kopf.on.event("pods")
-def pod_changed(memo: kopf.Memo, **_: Any) -> None:
-    _runtime(memo).poke()
+def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Wakes only the SMGWorkers the pod concerns (its selectors, its router Service, its former owner)."""
+    _runtime(memo).poke_pod(pod_info(body))
 
 
 @kopf.on.event("services")
-def service_changed(memo: kopf.Memo, **_: Any) -> None:
-    _runtime(memo).poke()
+def service_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    _runtime(memo).poke_service(_namespace(namespace), name)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -101,7 +102,14 @@ async def keep_registered(
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def deregister(
-    namespace: str | None, name: str, uid: str, spec: kopf.Spec, retry: int, memo: kopf.Memo, **kwargs: Any
+    namespace: str | None,
+    name: str,
+    uid: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    retry: int,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
     """Finalizer: drain and remove this SMGWorker's workers from every replica before the resource goes away."""
     pods, services = _indexes(kwargs)
@@ -112,6 +120,7 @@ async def deregister(
             name=name,
             uid=uid,
             spec=spec,
+            status=status,
             retry=retry,
             pods=pods,
             services=services,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from smg_operator.desired import (
     Desired,
+    DesiredWorker,
     PodInfo,
     Replica,
     desired_workers,
@@ -30,6 +31,7 @@ from smg_operator.desired import (
     plan,
     router_replicas,
     router_target,
+    selector_matches,
 )
 from smg_operator.metrics import OperatorMetrics
 from smg_operator.routers import RouterCallError, RouterClient
@@ -68,10 +70,40 @@ class Stopping(Protocol):
     def wait(self) -> Awaitable[object]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Interest:
+    """What one SMGWorker's last pass looked at: the pods and the Service whose events must wake its loop.
+
+    Pokes are scoped by it, so a pod event wakes only the SMGWorkers it concerns instead of every loop."""
+
+    namespace: str
+    selector: Mapping[str, Any] | None
+    claimed: frozenset[str]
+    """Names of the pods the selector matched (serving or not): a pod relabelled away still wakes its old owner."""
+    router: Key | None
+    """(namespace, name) of the router Service."""
+    router_selector: Mapping[str, str] | None
+    router_pods: frozenset[Key]
+    """(namespace, name) of the replicas, current and stale."""
+
+    def wants_pod(self, pod: PodInfo) -> bool:
+        if pod.namespace == self.namespace and (
+            pod.name in self.claimed or selector_matches(self.selector, pod.labels)
+        ):
+            return True
+        if (pod.namespace, pod.name) in self.router_pods:
+            return True
+        return (
+            self.router is not None
+            and pod.namespace == self.router[0]
+            and selector_matches({"matchLabels": dict(self.router_selector or {})}, pod.labels)
+        )
+
+
 @dataclass
 class Runtime:
     """What the handlers share (kept in kopf's memo): settings, the router client, metrics, the Kubernetes
-    writes, reconcile pokes."""
+    writes, reconcile pokes, and the drains in flight."""
 
     settings: OperatorSettings
     routers: RouterClient
@@ -81,12 +113,59 @@ class Runtime:
     """One per running reconcile loop: set to wake it early.  A key is here exactly while its loop runs."""
     generations: dict[Key, int | None] = field(default_factory=dict)
     """Last seen metadata.generation per SMGWorker: a spec change pokes, our own status writes do not."""
+    interests: dict[Key, Interest] = field(default_factory=dict)
+    """Per running loop, what its last pass looked at (absent before its first pass: then every event pokes it)."""
+    removals: dict[tuple[str, str], asyncio.Task[str | None]] = field(default_factory=dict)
+    """(replica URL, worker id) → its drain-then-remove call in flight.  Drains take up to drainTimeoutSeconds
+    (an hour at most), so a pass starts them and moves on; the next pass sees the worker still listed and
+    leaves it to the call in flight."""
 
     def poke(self, key: Key | None = None) -> None:
         """Wake one SMGWorker's reconcile loop (or all of them) now instead of at the next interval."""
         for k, event in self.pokes.items():
             if key is None or k == key:
                 event.set()
+
+    def poke_pod(self, pod: PodInfo) -> None:
+        """A pod changed (or went): wake the loops it concerns, as a worker, a router replica or a stale one."""
+        for key, event in self.pokes.items():
+            interest = self.interests.get(key)
+            if interest is None or interest.wants_pod(pod):
+                event.set()
+
+    def poke_service(self, namespace: str, name: str) -> None:
+        """A Service changed: wake the loops whose router it is."""
+        for key, event in self.pokes.items():
+            interest = self.interests.get(key)
+            if interest is None or interest.router == (namespace, name):
+                event.set()
+
+    def remove_later(self, replica: str, worker_id: str, *, drain: float) -> asyncio.Task[str | None]:
+        """Drain then remove a worker on one replica, in the background; the call already in flight for it if any.
+
+        The task's result is the error (None when done); it never raises."""
+        key = (replica, worker_id)
+        task = self.removals.get(key)
+        if task is None:
+            task = asyncio.create_task(self._remove(replica, worker_id, drain), name=f"smg-remove {worker_id}")
+            self.removals[key] = task
+            task.add_done_callback(lambda _: self.removals.pop(key, None))
+        return task
+
+    async def _remove(self, replica: str, worker_id: str, drain: float) -> str | None:
+        try:
+            await self.routers.remove(replica, worker_id, drain_timeout=drain)
+        except RouterCallError as e:
+            log.warning("removing worker %s from %s failed (retried by the next pass): %s", worker_id, replica, e)
+            return str(e)
+        return None
+
+    async def close(self) -> None:
+        """Cancel the drains in flight (the operator stops; the next leader's passes start them again)."""
+        tasks = list(self.removals.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def generation_seen(self, key: Key, generation: int | None) -> None:
         """An SMGWorker event: poke its loop if the spec changed (a new generation), not for our own status write."""
@@ -160,6 +239,7 @@ async def keep_registered(
             await _wait_any(poke, stopped, interval=rt.settings.reconcile_interval)
     finally:
         rt.pokes.pop(key, None)
+        rt.interests.pop(key, None)
 
 
 async def _wait_any(poke: asyncio.Event, stopped: Stopping, *, interval: float) -> None:
@@ -188,19 +268,42 @@ async def _reconcile_and_report(
 ) -> float:
     """One pass, then the status write policy: write when something changed, or ``STATUS_REFRESH`` after the
     last write; post the transition Events.  Returns the monotonic time of the last status write."""
+    spec: Mapping[str, Any] = body.get("spec", {})
+    previous: Mapping[str, Any] = body.get("status") or {}
+    service_map = _services(services)
+    target = _router_key(rt, namespace, spec)
+    relevant = _pods_in(pods, {namespace, *(target[:1] if target else ())})
     observed = await reconcile(
-        rt,
-        namespace=namespace,
-        name=name,
-        uid=uid,
-        spec=body.get("spec", {}),
-        pods=_pods(pods),
-        services=_services(services),
+        rt, namespace=namespace, name=name, uid=uid, spec=spec, pods=relevant, services=service_map
     )
-    previous = body.get("status") or {}
+    current = [Replica(pod=r.pod, url=r.url, namespace=r.namespace) for r in observed.replicas]
+    stale = await clean_stale(
+        rt,
+        recorded=recorded_replicas(previous),
+        current=current,
+        pods=_pods_in(pods, {r.namespace for r in recorded_replicas(previous)}),
+        uid=uid,
+        drain=float(spec.get("drainTimeoutSeconds", 30)),
+        clean=observed.router_problem is None,
+    )
+    rt.interests[(namespace, name)] = Interest(
+        namespace=namespace,
+        selector=spec.get("selector"),
+        claimed=frozenset(
+            p.name for p in relevant if p.namespace == namespace and selector_matches(spec.get("selector"), p.labels)
+        ),
+        router=target,
+        router_selector=service_map.get(target) if target else None,
+        router_pods=frozenset((r.namespace, r.pod) for r in [*current, *stale]),
+    )
     status, events = build_status(
         observed, generation=_meta(body).get("generation"), now=rt.kube.now_iso(), previous=previous
     )
+    status["staleRouters"] = [
+        {"pod": r.pod, "url": r.url, "namespace": r.namespace, "reachable": False, "registered": 0, "lastSync": now}
+        for r in stale
+        for now in (status["routers"][0]["lastSync"] if status["routers"] else rt.kube.now_iso(),)
+    ] or None
     ready = status["conditions"][0]["status"] == "True"
     rt.metrics.reconciles.labels("ok" if ready else "degraded").inc()
     rt.metrics.registered.labels(f"{namespace}/{name}").set(status["registeredEndpoints"])
@@ -215,6 +318,69 @@ async def _reconcile_and_report(
     return last_write
 
 
+def _router_key(rt: Runtime, namespace: str, spec: Mapping[str, Any]) -> Key | None:
+    s = rt.settings
+    target = router_target(
+        namespace=namespace,
+        spec=spec,
+        default_service=s.router_service,
+        default_namespace=s.router_namespace,
+        default_port=s.router_port,
+    )
+    return None if target is None else (target.namespace, target.service)
+
+
+def _pods_in(index: PodIndex, namespaces: Iterable[str]) -> list[PodInfo]:
+    """The pods of some namespaces only: a pass need not walk the whole cluster's pods."""
+    return [pod for ns in set(namespaces) for pod in index.get(ns, ())]
+
+
+def recorded_replicas(status: Mapping[str, Any]) -> list[Replica]:
+    """The replicas an earlier pass wrote to status (``routers`` and ``staleRouters``): who may hold our workers."""
+    out: dict[tuple[str, str], Replica] = {}
+    for entry in [*(status.get("routers") or []), *(status.get("staleRouters") or [])]:
+        if isinstance(entry, Mapping) and entry.get("pod") and entry.get("url") and entry.get("namespace"):
+            r = Replica(pod=str(entry["pod"]), url=str(entry["url"]), namespace=str(entry["namespace"]))
+            out.setdefault((r.namespace, r.pod), r)
+    return list(out.values())
+
+
+def _alive(replica: Replica, pods: Iterable[PodInfo]) -> bool:
+    """Whether the pod of a recorded replica still runs (a router that is gone holds nothing: its registry was
+    in memory)."""
+    return any(
+        p.namespace == replica.namespace and p.name == replica.pod and p.running and not p.terminating for p in pods
+    )
+
+
+async def clean_stale(
+    rt: Runtime,
+    *,
+    recorded: Iterable[Replica],
+    current: Iterable[Replica],
+    pods: Iterable[PodInfo],
+    uid: str,
+    drain: float,
+    clean: bool,
+) -> list[Replica]:
+    """Deregister this SMGWorker from replicas that are no longer its routers but still run (spec.router changed,
+    or the Service stopped selecting them); the ones still to clean.
+
+    Only when ``clean``, i.e. the current router was found: a Service missing for a moment must not strip the
+    workers from replicas that still serve them.  Until then the stale replicas stay recorded."""
+    pods = list(pods)
+    now = {(r.namespace, r.pod) for r in current}
+    stale = [r for r in recorded if (r.namespace, r.pod) not in now and _alive(r, pods)]
+    if not clean or not stale:
+        return stale
+    results = await asyncio.gather(*(_deregister_replica(rt, r, uid=uid, drain=drain) for r in stale))
+    left = [r for r, errors in zip(stale, results, strict=True) if errors]
+    for r, errors in zip(stale, results, strict=True):
+        if not errors:
+            log.info("deregistered from former router replica %s/%s", r.namespace, r.pod)
+    return left
+
+
 # -- the finalizer -------------------------------------------------------------------------------------
 async def finalize(
     rt: Runtime,
@@ -223,21 +389,28 @@ async def finalize(
     name: str,
     uid: str,
     spec: Mapping[str, Any],
+    status: Mapping[str, Any],
     retry: int,
     pods: PodIndex,
     services: ServiceIndex,
 ) -> None:
     """Drain and remove this SMGWorker's workers from every replica before the resource goes away.
 
-    Raises ``DeregistrationPending`` while a replica cannot be reached (``retry`` counts the tries before
-    this one): a Warning Event on the first try and every tenth, and ``status.lastError`` say so."""
+    Every replica counts: the router Service's, and every replica an earlier pass recorded in ``status`` whose
+    pod still runs, so a deleted or changed Service does not leave registrations behind.  The finalizer is
+    released only when each of them answered, or is provably gone (its pod no longer runs).  Raises
+    ``DeregistrationPending`` while a replica cannot be reached (``retry`` counts the tries before this one): a
+    Warning Event on the first try and every tenth, and ``status.lastError`` say so."""
     for _ in range(200):  # let the reconcile loop finish its last pass, so it cannot re-register behind us
         if (namespace, name) not in rt.pokes:
             break
         await asyncio.sleep(0.05)
-    replicas, _problem = find_replicas(
-        rt, namespace=namespace, spec=spec, pods=_pods(pods), services=_services(services)
-    )
+    all_pods = _pods(pods)
+    current, _problem = find_replicas(rt, namespace=namespace, spec=spec, pods=all_pods, services=_services(services))
+    seen = {(r.namespace, r.pod) for r in current}
+    replicas = current + [
+        r for r in recorded_replicas(status) if (r.namespace, r.pod) not in seen and _alive(r, all_pods)
+    ]
     errors = await deregister_all(rt, replicas, uid=uid, drain=float(spec.get("drainTimeoutSeconds", 30)))
     if errors:
         message = "; ".join(errors)
@@ -312,12 +485,17 @@ async def sync_replica(
     try:
         current = await routers.list_workers(replica.url)
     except RouterCallError as e:
-        return ReplicaResult(pod=replica.pod, url=replica.url, reachable=False, error=str(e)), ()
+        return (
+            ReplicaResult(pod=replica.pod, url=replica.url, namespace=replica.namespace, reachable=False, error=str(e)),
+            (),
+        )
     p = plan(desired.workers, current, owner_uid=uid)
     present = {w["url"] for w in current} - {w.url for _, w in p.replace} - set(p.conflicts)
-    calls: list[tuple[str | None, Any]] = [(w.url, routers.register(replica.url, w.registration())) for w in p.add]
+    calls: list[tuple[str | None, Awaitable[object]]] = [(w.url, _add(routers, replica.url, w)) for w in p.add]
     calls += [(w.url, routers.replace(replica.url, wid, w.registration())) for wid, w in p.replace]
-    calls += [(None, routers.remove(replica.url, wid, drain_timeout=drain)) for wid in p.remove]
+    calls += [(None, routers.set_draining(replica.url, wid, draining)) for wid, draining in p.drain]
+    for wid in p.remove:  # drains run on in the background: a long one must not hold up this pass or others
+        _ = rt.remove_later(replica.url, wid, drain=drain)  # its outcome shows in the next pass's GET /workers
     outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
     errors: list[str] = []
     reachable = True
@@ -335,22 +513,34 @@ async def sync_replica(
         )
     registered = frozenset(present & {w.url for w in desired.workers})
     return ReplicaResult(
-        pod=replica.pod, url=replica.url, reachable=reachable, registered=registered, error="; ".join(errors) or None
+        pod=replica.pod,
+        url=replica.url,
+        namespace=replica.namespace,
+        reachable=reachable,
+        registered=registered,
+        error="; ".join(errors) or None,
     ), p.conflicts
+
+
+async def _add(routers: RouterClient, replica: str, worker: DesiredWorker) -> None:
+    """Register a worker; one whose pod is annotated ``smg.dev/drain`` is drained at once (a new registration
+    is ``pending`` until its first health probe, so it takes no request in between)."""
+    worker_id = await routers.register(replica, worker.registration())
+    if worker.draining and worker_id is not None:
+        await routers.set_draining(replica, worker_id, True)
 
 
 async def deregister_all(rt: Runtime, replicas: Iterable[Replica], *, uid: str, drain: float) -> list[str]:
     """Drain and remove every worker this SMGWorker owns on every replica; the errors (empty when done)."""
-
-    async def one(replica: Replica) -> list[str]:
-        try:
-            current = await rt.routers.list_workers(replica.url)
-            await asyncio.gather(
-                *(rt.routers.remove(replica.url, wid, drain_timeout=drain) for wid in owned_ids(current, owner_uid=uid))
-            )
-        except RouterCallError as e:
-            return [f"{replica.pod}: {e}"]
-        return []
-
-    results = await asyncio.gather(*(one(r) for r in replicas))
+    results = await asyncio.gather(*(_deregister_replica(rt, r, uid=uid, drain=drain) for r in replicas))
     return [e for errs in results for e in errs]
+
+
+async def _deregister_replica(rt: Runtime, replica: Replica, *, uid: str, drain: float) -> list[str]:
+    """Drain and remove this SMGWorker's workers on one replica (joining removals already in flight)."""
+    try:
+        current = await rt.routers.list_workers(replica.url)
+    except RouterCallError as e:
+        return [f"{replica.pod}: {e}"]
+    tasks = [rt.remove_later(replica.url, wid, drain=drain) for wid in owned_ids(current, owner_uid=uid)]
+    return [f"{replica.pod}: {e}" for e in await asyncio.gather(*tasks) if e is not None]

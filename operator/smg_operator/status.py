@@ -33,6 +33,8 @@ class EndpointStatus(TypedDict):
 class RouterStatus(TypedDict):
     pod: str
     url: str
+    namespace: NotRequired[str]
+    """The replica pod's namespace (absent in statuses written before it was recorded)."""
     reachable: bool
     registered: int
     """How many of the desired endpoints this replica holds."""
@@ -53,6 +55,9 @@ class SMGWorkerStatus(TypedDict):
     routers: list[RouterStatus]
     lastError: str | None
     """None, not "": in a merge patch null removes the field, and the API server reads "" as null too."""
+    staleRouters: NotRequired[list[RouterStatus] | None]
+    """Replicas that may still hold this SMGWorker's workers though they are no longer its routers (spec.router
+    changed, or the Service stopped selecting them): cleaned by the next passes, then dropped; None when clean."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,7 @@ class ReplicaResult:
     registered: frozenset[str] = frozenset()
     """Desired URLs present on this replica after the reconcile."""
     error: str | None = None
+    namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +187,7 @@ def build_status(
             {
                 "pod": r.pod,
                 "url": r.url,
+                "namespace": r.namespace,
                 "reachable": r.reachable,
                 "registered": len(r.registered & urls),
                 "lastSync": now,

@@ -157,3 +157,20 @@ def test_pod_info_reads_a_pod_body() -> None:
     }
     info = pod_info(body)
     assert info.ready and info.running and info.terminating and not info.serving
+
+
+def test_the_drain_annotation_marks_a_pod_worker_draining_and_the_plan_drains_and_undrains_it() -> None:
+    drained = pod("a", "127.0.0.2", annotations={"smg.dev/drain": "true"})
+    d = desired_workers(namespace="ns", name="p", uid="U", spec=SPEC, pods=[drained, pod("b", "127.0.0.3")])
+    a, b = d.workers
+    assert (a.draining, b.draining) == (True, False)
+    assert a.registration() == {**b.registration(), "url": a.url, "labels": a.labels}  # draining is no POST field
+    ready = [{"id": "wa", "status": "ready", **a.registration()}, {"id": "wb", "status": "ready", **b.registration()}]
+    assert plan(d.workers, ready, owner_uid="U").drain == (("wa", True),)
+    draining = [{**ready[0], "status": "draining"}, ready[1]]
+    assert plan(d.workers, draining, owner_uid="U").empty  # already drained: nothing to do
+    undrained = desired_workers(namespace="ns", name="p", uid="U", spec=SPEC, pods=[pod("a", "127.0.0.2")])
+    assert plan(undrained.workers, draining, owner_uid="U").drain == (("wa", False),)
+    for value in ("false", "", "yes"):  # only "true" drains
+        other = pod("a", "127.0.0.2", annotations={"smg.dev/drain": value})
+        assert not desired_workers(namespace="ns", name="p", uid="U", spec=SPEC, pods=[other]).workers[0].draining

@@ -10,9 +10,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-from smg_operator.desired import PodInfo
+from smg_operator.desired import PodInfo, Replica
 from smg_operator.metrics import OperatorMetrics
-from smg_operator.reconciler import DeregistrationPending, Runtime, finalize, keep_registered, retry_delay
+from smg_operator.reconciler import (
+    DeregistrationPending,
+    Interest,
+    Runtime,
+    clean_stale,
+    finalize,
+    keep_registered,
+    recorded_replicas,
+    retry_delay,
+)
 from smg_operator.routers import RouterClient
 from smg_operator.settings import OperatorSettings
 
@@ -136,6 +145,7 @@ async def test_the_finalizer_keeps_retrying_while_a_replica_is_unreachable_and_w
                 name=NAME,
                 uid=UID,
                 spec=SPEC,
+                status={},
                 retry=retry,
                 pods={NS: [router_pod()]},
                 services=SERVICE,
@@ -156,7 +166,7 @@ async def test_the_finalizer_forgets_the_smgworker_once_no_replica_holds_its_wor
     rt = runtime(session, kube)
     rt.generations[(NS, NAME)] = 1
     rt.metrics.registered.labels(f"{NS}/{NAME}").set(2)
-    await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, retry=0, pods={}, services=SERVICE)
+    await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, status={}, retry=0, pods={}, services=SERVICE)
     assert rt.generations == {}
     assert (
         rt.metrics.registry.get_sample_value("smg_operator_registered_workers", {"smgworker": f"{NS}/{NAME}"}) is None
@@ -217,3 +227,141 @@ async def test_the_loop_of_an_smgworker_being_deleted_ends_without_a_pass(sessio
         timeout=30,
     )
     assert rt.pokes == {} and kube.patches == [] and reconciles(rt, "degraded") == 0
+
+
+# -- the finalizer and stale replicas ------------------------------------------------------------------
+RECORDED = {
+    "routers": [{"pod": "router-0", "url": "http://127.0.0.1:1", "namespace": NS}],
+    "staleRouters": [{"pod": "old-router", "url": "http://127.0.0.2:1", "namespace": "other"}],
+}
+
+
+def test_recorded_replicas_are_read_from_routers_and_stale_routers_and_entries_without_a_namespace_are_skipped() -> (
+    None
+):
+    status = {**RECORDED, "routers": [*RECORDED["routers"], {"pod": "legacy", "url": "http://127.0.0.3:1"}]}
+    assert [(r.namespace, r.pod, r.url) for r in recorded_replicas(status)] == [
+        (NS, "router-0", "http://127.0.0.1:1"),
+        ("other", "old-router", "http://127.0.0.2:1"),
+    ]
+
+
+async def test_the_finalizer_keeps_the_smgworker_while_a_recorded_replica_runs_though_the_service_is_gone(
+    session: aiohttp.ClientSession,
+) -> None:
+    """The router Service was deleted, but a replica that an earlier pass recorded still runs: it may hold our
+    workers, so the finalizer must reach it (here it cannot: the port is closed) before letting go."""
+    port = closed_port()
+    status = {"routers": [{"pod": "router-0", "url": f"http://127.0.0.1:{port}", "namespace": NS}]}
+    rt = runtime(session, FakeKube())
+    with pytest.raises(DeregistrationPending, match="router-0"):
+        await finalize(
+            rt,
+            namespace=NS,
+            name=NAME,
+            uid=UID,
+            spec=SPEC,
+            status=status,
+            retry=0,
+            pods={NS: [router_pod()]},
+            services={},
+        )
+
+
+async def test_the_finalizer_lets_go_once_no_recorded_replica_runs_any_more(session: aiohttp.ClientSession) -> None:
+    port = closed_port()
+    status = {"routers": [{"pod": "router-0", "url": f"http://127.0.0.1:{port}", "namespace": NS}]}
+    rt = runtime(session, FakeKube())
+    gone = PodInfo(**_pod_fields(terminating=True))
+    await finalize(
+        rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, status=status, retry=0, pods={NS: [gone]}, services={}
+    )
+    await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, status=status, retry=0, pods={}, services={})
+
+
+def _pod_fields(**changes: Any) -> dict[str, Any]:
+    base = router_pod()
+    fields = {f: getattr(base, f) for f in PodInfo.__dataclass_fields__}
+    return {**fields, **changes}
+
+
+async def test_stale_replicas_are_cleaned_only_when_the_current_router_was_found(
+    session: aiohttp.ClientSession,
+) -> None:
+    port = closed_port()
+    old = Replica(pod="router-0", url=f"http://127.0.0.1:{port}", namespace=NS)
+    rt = runtime(session, FakeKube())
+    pods = [router_pod()]
+    kept = await clean_stale(rt, recorded=[old], current=[], pods=pods, uid=UID, drain=1, clean=False)
+    assert kept == [old] and rt.metrics.registry.get_sample_value(
+        "smg_operator_hook_calls_total", {"hook": "list", "result": "unreachable"}
+    ) in (None, 0.0)
+    kept = await clean_stale(rt, recorded=[old], current=[], pods=pods, uid=UID, drain=1, clean=True)
+    assert kept == [old]  # tried (unreachable), so still to clean
+    assert (
+        rt.metrics.registry.get_sample_value("smg_operator_hook_calls_total", {"hook": "list", "result": "unreachable"})
+        == 1.0
+    )
+    assert await clean_stale(rt, recorded=[old], current=[old], pods=pods, uid=UID, drain=1, clean=True) == []
+    assert await clean_stale(rt, recorded=[old], current=[], pods=[], uid=UID, drain=1, clean=True) == []
+
+
+# -- scoped pokes --------------------------------------------------------------------------------------
+def _interest(**changes: Any) -> Interest:
+    fields: dict[str, Any] = {
+        "namespace": NS,
+        "selector": SPEC["selector"],
+        "claimed": frozenset({"llama-0"}),
+        "router": (NS, "smg-router"),
+        "router_selector": {"app": "router"},
+        "router_pods": frozenset({(NS, "router-0"), ("other", "old-router")}),
+    }
+    return Interest(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("pod", "wakes"),
+    [
+        ({"name": "llama-9", "labels": {"pool": "llama"}}, True),  # the selector matches a new pod
+        ({"name": "llama-0", "labels": {"pool": "other"}}, True),  # relabelled away from us: its old owner
+        ({"name": "x", "labels": {"pool": "other"}}, False),  # someone else's pod
+        ({"name": "x", "labels": {"pool": "llama"}, "namespace": "team-b"}, False),  # same labels, other namespace
+        ({"name": "router-7", "labels": {"app": "router"}}, True),  # a new replica of our router
+        ({"name": "old-router", "labels": {}, "namespace": "other"}, True),  # a stale replica
+        ({"name": "router-7", "labels": {"app": "router"}, "namespace": "team-b"}, False),
+    ],
+)
+def test_a_pod_event_pokes_only_the_smgworkers_it_concerns(
+    session: aiohttp.ClientSession, pod: dict[str, Any], wakes: bool
+) -> None:
+    rt = runtime(session, FakeKube())
+    mine, theirs = (NS, NAME), ("team-b", "other")
+    rt.pokes[mine], rt.pokes[theirs] = asyncio.Event(), asyncio.Event()
+    rt.interests[mine] = _interest()
+    rt.interests[theirs] = _interest(
+        namespace="team-b",
+        selector={"matchLabels": {"pool": "nope"}},
+        claimed=frozenset(),
+        router=None,
+        router_pods=frozenset(),
+    )
+    rt.poke_pod(PodInfo(**_pod_fields(**pod)))
+    assert rt.pokes[mine].is_set() is wakes
+    assert not rt.pokes[theirs].is_set()
+
+
+def test_a_loop_before_its_first_pass_is_poked_by_every_event(session: aiohttp.ClientSession) -> None:
+    rt = runtime(session, FakeKube())
+    rt.pokes[(NS, NAME)] = asyncio.Event()
+    rt.poke_pod(PodInfo(**_pod_fields(name="anything", labels={})))
+    assert rt.pokes[(NS, NAME)].is_set()
+
+
+def test_a_service_event_pokes_only_the_smgworkers_routed_through_it(session: aiohttp.ClientSession) -> None:
+    rt = runtime(session, FakeKube())
+    rt.pokes[(NS, NAME)] = asyncio.Event()
+    rt.interests[(NS, NAME)] = _interest()
+    rt.poke_service(NS, "unrelated")
+    assert not rt.pokes[(NS, NAME)].is_set()
+    rt.poke_service(NS, "smg-router")
+    assert rt.pokes[(NS, NAME)].is_set()
