@@ -1,5 +1,6 @@
 """``helm lint --strict`` of the chart (Helm v4 SDK from helm-python-sdk) with its defaults, every example
-values file and the switches that change which objects render, for an old and a recent Kubernetes."""
+values file and the switches that change which objects render, for the oldest supported (1.20), an old and a
+recent Kubernetes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ VARIANTS = {
     **{path.stem: example_values(path.stem) for path in EXAMPLES},
     "sim-pd": {"router": {"pd": {"enabled": True}}, "sim": {"enabled": True, "pd": {"enabled": True}}},
     "cluster-wide-ha": {"operator": {"clusterWide": True, "replicas": 2}},
+    "network-policy": {
+        "networkPolicy": {"enabled": True, "adminNamespaces": ["platform"]},
+        "operator": {"replicas": 2},
+    },
+    "shared-port": {"router": {"adminPort": 0}},
     "everything": {**example_values("monitoring"), "sim": {"enabled": True}, "operator": {"replicas": 3}},
 }
 
@@ -19,7 +25,7 @@ def test_examples_exist() -> None:
     assert {p.stem for p in EXAMPLES} >= {"regular", "pd", "monitoring", "sim"}
 
 
-@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.30.0"])
+@pytest.mark.parametrize("kube_version", ["v1.20.2", "v1.25.0", "v1.30.0"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_lint_strict(variant: str, kube_version: str) -> None:
     problems = lint(VARIANTS[variant], kube_version=kube_version)

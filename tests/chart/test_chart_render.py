@@ -17,13 +17,22 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 CUSTOM_KINDS = {"SMGWorker", "ServiceMonitor", "PrometheusRule"}
-KUBE_VERSIONS = ["1.25", "1.30"]
+KUBE_VERSIONS = ["1.25", "1.30", "1.36"]
 
 CONFIGS = {
     "defaults": {},
     **{path.stem: example_values(path.stem) for path in EXAMPLES},
     "sim-pd": {"router": {"pd": {"enabled": True}}, "sim": {"enabled": True, "pd": {"enabled": True}}},
     "cluster-wide-ha": {"operator": {"clusterWide": True, "replicas": 2}, "auth": {"existingSecret": "mine"}},
+    "network-policy": {
+        "networkPolicy": {
+            "enabled": True,
+            "adminNamespaces": ["platform"],
+            "adminFrom": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}],
+        },
+        "operator": {"replicas": 2, "allowedRouterServices": ["team-a/router"], "allowedEndpoints": ["10.0.0.0/8"]},
+    },
+    "shared-port": {"router": {"adminPort": 0}},
     "everything": {
         **example_values("monitoring"),
         "sim": {"enabled": True},
@@ -57,6 +66,7 @@ def test_defaults_render_the_core_objects(rendered: dict[str, Rendered]) -> None
     r.get("Deployment", "smg-router")
     r.get("Deployment", "smg-operator")
     r.get("Service", "smg-router")
+    r.get("Service", "smg-router-admin")
     r.get("Service", "smg-operator-metrics")
     r.get("ServiceAccount", "smg-router")
     r.get("ServiceAccount", "smg-operator")
@@ -66,7 +76,7 @@ def test_defaults_render_the_core_objects(rendered: dict[str, Rendered]) -> None
     r.get("ClusterRoleBinding", "smg-operator-discovery-smg")
     r.get("Secret", "smg-admin")
     r.get("PodDisruptionBudget", "smg-router")
-    for absent in ("ServiceMonitor", "PrometheusRule", "SMGWorker", "ConfigMap"):
+    for absent in ("ServiceMonitor", "PrometheusRule", "SMGWorker", "ConfigMap", "NetworkPolicy"):
         assert not r.of_kind(absent), f"{absent} rendered by default"
     assert len(r.of_kind("Deployment")) == 2
 
@@ -119,7 +129,8 @@ def test_sim_fleet_renders_deployments_and_smgworkers(rendered: dict[str, Render
     worker = r.get("SMGWorker", "smg-sim-regular")
     assert worker["spec"]["role"] == "regular"
     assert worker["spec"]["selector"]["matchLabels"] == sim["spec"]["selector"]["matchLabels"]
-    assert worker["spec"]["router"] == {"service": "smg-router", "namespace": "smg", "port": 30000}
+    # the router's admin port: the operator registers the workers there
+    assert worker["spec"]["router"] == {"service": "smg-router", "namespace": "smg", "port": 30001}
 
     pd = rendered["sim-pd"]
     prefill, decode = pd.get("Deployment", "smg-sim-prefill"), pd.get("Deployment", "smg-sim-decode")
@@ -134,7 +145,7 @@ def test_sim_fleet_renders_deployments_and_smgworkers(rendered: dict[str, Render
 def test_smgworkers_from_values_default_to_this_router(rendered: dict[str, Rendered]) -> None:
     r = rendered["pd"]
     prefill = r.get("SMGWorker", "deepseek-prefill")
-    assert prefill["spec"]["router"] == {"service": "smg-router", "namespace": "smg", "port": 30000}
+    assert prefill["spec"]["router"] == {"service": "smg-router", "namespace": "smg", "port": 30001}
     assert prefill["spec"]["bootstrapPort"] == 8998
     assert r.get("SMGWorker", "deepseek-decode")["spec"]["role"] == "decode"
 
@@ -224,7 +235,8 @@ def test_admin_token_generated_or_given() -> None:
     assert len(first) == 32 and first.isalnum() and first != second
     given = render({"auth": {"adminApiKey": "s3cret"}}).get("Secret", "smg-admin")
     assert base64.b64decode(given["data"]["admin-api-key"]) == b"s3cret"
-    assert 'lookup "v1" "Secret"' in (CHART / "templates" / "secret.yaml").read_text()
+    # kept across upgrades by lookup (shown on the real API server: tests/kube/test_chart_on_apiserver.py)
+    assert 'lookup "v1" "Secret"' in (CHART / "templates" / "_helpers.tpl").read_text()
 
 
 def test_operator_is_told_the_router_service(rendered: dict[str, Rendered]) -> None:
@@ -232,12 +244,13 @@ def test_operator_is_told_the_router_service(rendered: dict[str, Rendered]) -> N
     pairs = dict(zip(args[::2], args[1::2], strict=False))
     assert pairs["--router-service"] == "smg-router"
     assert pairs["--router-namespace"] == "smg"
-    assert pairs["--router-port"] == "30000"
+    assert pairs["--router-port"] == "30001"  # the router's admin port
     assert pairs["--namespace"] == "smg"
     assert "--leader-election" not in args
     container = rendered["defaults"].get("Deployment", "smg-operator")["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["smg-operator"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     ha = args_of(rendered["cluster-wide-ha"].get("Deployment", "smg-operator"))
     assert "--namespace" not in ha
     assert ha[ha.index("--leader-election-namespace") + 1] == "smg" and "--leader-election" in ha

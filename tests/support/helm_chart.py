@@ -3,17 +3,24 @@
 ``render()`` is ``helm template --include-crds``: the CRDs of ``crds/`` (which Helm installs first and never
 templates) followed by every rendered template, parsed into objects.  Values are validated against
 ``values.schema.json`` by the SDK itself, so a bad value raises ``HelmValuesError``.
+
+``kube_version`` and ``api_versions`` are ``helm template --kube-version / --api-versions``: what
+``.Capabilities`` says.  Offline, Helm's API list is a fixed one that holds every built-in group version of
+its client (policy/v1 included, whatever the Kubernetes version); against a cluster Helm reads both from the
+API server's discovery, which ``server_capabilities`` does the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import yaml
+from helm_python import _native
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "smg"
@@ -65,12 +72,42 @@ def _documents(texts: Iterable[str]) -> list[dict[str, Any]]:
     return objects
 
 
-def render(values: dict[str, Any] | None = None, *, name: str = RELEASE, namespace: str = NAMESPACE) -> Rendered:
+def render(
+    values: dict[str, Any] | None = None,
+    *,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+    kube_version: str | None = None,
+    api_versions: Iterable[str] | None = None,
+) -> Rendered:
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        if kube_version is None and api_versions is None:
+            manifests = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        else:  # the SDK's render() does not pass these two on; its native call takes them
+            opts: dict[str, Any] = {"name": name, "namespace": namespace, "is_install": True}
+            if kube_version is not None:
+                opts["kube_version"] = kube_version
+            if api_versions is not None:
+                opts["api_versions"] = list(api_versions)
+            raw = _native.call_string("helm_render", chart._raw(), json.dumps(values or {}), json.dumps(opts))
+            manifests = json.loads(raw)
         crd_texts = [c["data"] for c in chart.crds]
     yaml_manifests = {path: text for path, text in manifests.items() if not path.endswith(".txt")}
     return Rendered(manifests=manifests, crds=_documents(crd_texts), objects=_documents(yaml_manifests.values()))
+
+
+def server_capabilities(get: Callable[[str], Any]) -> tuple[str, list[str]]:
+    """(``kube_version``, ``api_versions``) as Helm reads them from an API server's discovery: its gitVersion, and
+    every served group/version plus group/version/Kind (``GetVersionSet`` in Helm's action package).
+    ``get(path)`` returns the parsed JSON of a GET."""
+    version = get("/version")["gitVersion"]
+    group_versions = ["v1"] + [v["groupVersion"] for g in get("/apis")["groups"] for v in g["versions"]]
+    api_versions: list[str] = []
+    for gv in group_versions:
+        api_versions.append(gv)
+        resources = get("/api/v1" if gv == "v1" else f"/apis/{gv}")["resources"]
+        api_versions += sorted({f"{gv}/{r['kind']}" for r in resources})  # subresources' kinds too, as Helm
+    return version, api_versions
 
 
 def lint(values: dict[str, Any] | None = None, *, kube_version: str = "v1.30.0") -> list[dict[str, Any]]:

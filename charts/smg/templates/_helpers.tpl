@@ -50,6 +50,45 @@
 {{- default (printf "%s-admin" (include "smg.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/*
+The admin token as the Secret's data holds it (base64), decided once per render (kept in .Values.auth) so that
+the Secret and the pods' checksum annotation agree on a generated one:
+  auth.existingSecret: that Secret's value when lookup sees it (install, upgrade), else "" (helm template, or
+    the Secret not created yet): then no checksum can be known;
+  auth.adminApiKey: that;
+  else the chart's own Secret's value when lookup sees it (an upgrade keeps the token), else a new random one.
+*/}}
+{{- define "smg.adminTokenData" -}}
+{{- $auth := .Values.auth }}
+{{- if not (hasKey $auth "_tokenData") }}
+{{- $data := "" }}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "smg.adminSecretName" .) }}
+{{- $seen := and $live $live.data (hasKey $live.data $auth.secretKey) }}
+{{- if $auth.existingSecret }}
+{{- if $seen }}{{ $data = index $live.data $auth.secretKey }}{{ end }}
+{{- else if $auth.adminApiKey }}
+{{- $data = $auth.adminApiKey | b64enc }}
+{{- else if $seen }}
+{{- $data = index $live.data $auth.secretKey }}
+{{- else }}
+{{- $data = randAlphaNum 32 | b64enc }}
+{{- end }}
+{{- $_ := set $auth "_tokenData" $data }}
+{{- end }}
+{{- $auth._tokenData }}
+{{- end }}
+
+{{/* Pod template annotations: the admin token's checksum (pods restart when the token changes) and the user's. */}}
+{{- define "smg.podAnnotations" -}}
+{{- $token := include "smg.adminTokenData" .ctx }}
+{{- if $token }}
+checksum/admin-token: {{ sha256sum $token }}
+{{- end }}
+{{- with .annotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{/* Labels ------------------------------------------------------------------------------------ */}}
 
 {{- define "smg.selectorLabels" -}}
@@ -80,6 +119,26 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- define "smg.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Ports and APIs ------------------------------------------------------------------------------ */}}
+
+{{/* The router port of the worker lifecycle changes: router.adminPort, or router.port when that is 0. */}}
+{{- define "smg.routerAdminPort" -}}
+{{- .Values.router.adminPort | default .Values.router.port | int64 }}
+{{- end }}
+
+{{/*
+PodDisruptionBudget's API: policy/v1 where the cluster serves it (1.21+), else policy/v1beta1 (1.20).  Helm
+fills .Capabilities from the cluster on install and upgrade; `helm template` has a fixed list that always holds
+policy/v1, so the Kubernetes version (--kube-version) decides there too.
+*/}}
+{{- define "smg.pdbApiVersion" -}}
+{{- if and (.Capabilities.APIVersions.Has "policy/v1") (semverCompare ">=1.21.0-0" .Capabilities.KubeVersion.Version) -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end }}
 {{- end }}
 
 {{/* Operator ------------------------------------------------------------------------------------ */}}
@@ -119,9 +178,24 @@ app.kubernetes.io/component: {{ .component }}
   verbs: [create, patch]
 {{- end }}
 
+{{/* Router Services the operator may target: this release's router and operator.allowedRouterServices. */}}
+{{- define "smg.allowedRouterServices" -}}
+{{- $own := printf "%s/%s" .Release.Namespace (include "smg.routerName" .) }}
+{{- join "," (uniq (prepend .Values.operator.allowedRouterServices $own)) }}
+{{- end }}
+
 {{/* Checks of combinations the schema cannot express well -------------------------------------- */}}
 
 {{- define "smg.validate" -}}
+{{- if and .Values.auth.existingSecret .Values.auth.adminApiKey }}
+{{- fail "auth.adminApiKey and auth.existingSecret exclude each other (the token comes from one or the other)" }}
+{{- end }}
+{{- if eq (int .Values.router.adminPort) (int .Values.router.port) }}
+{{- fail "router.adminPort must differ from router.port (0 puts the admin API on router.port)" }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not .Values.router.adminPort) }}
+{{- fail "networkPolicy.enabled needs router.adminPort (a policy cannot tell the admin API from the data plane on one port)" }}
+{{- end }}
 {{- if and .Values.router.pd.enabled .Values.router.workerUrls }}
 {{- fail "router.workerUrls cannot be combined with router.pd.enabled (use router.pd.prefill and router.pd.decode)" }}
 {{- end }}
