@@ -210,12 +210,16 @@ class ControlPlane:
         *,
         start_timeout: float = 90.0,
         extra_apiserver_args: Iterable[str] = (),
+        audit: bool = False,
     ):
         self._own_workdir = workdir is None
         self._workdir_arg = Path(workdir) if workdir else None
         self._log_dir_arg = Path(log_dir) if log_dir else None
         self.start_timeout = start_timeout
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.audit = audit
+        """Opt-in: an audit log at level Metadata of every request (who did what, when); see ``audit_events``."""
+        self.audit_log: Path | None = None
         self.workdir: Path | None = None
         self.log_dir: Path | None = None
         self.tools: dict[str, str] = {}
@@ -365,6 +369,7 @@ class ControlPlane:
                 "--disable-admission-plugins=ServiceAccount",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--profiling=false",
+                *self._audit_args(),
                 *self.extra_apiserver_args,
             ],
         )
@@ -377,6 +382,39 @@ class ControlPlane:
         self.kubeconfig = write_kubeconfig(
             self.workdir / "admin.kubeconfig", self.server, self.token, user=self.ADMIN_USER
         )
+
+    def _audit_args(self) -> list[str]:
+        """--audit-policy-file (Metadata for every request, from ResponseComplete on) and --audit-log-path: one
+        JSON event per line, written synchronously (the log backend's default blocking mode)."""
+        if not self.audit:
+            return []
+        assert self.workdir is not None and self.log_dir is not None
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [{"level": "Metadata"}],
+                }
+            )
+        )
+        self.audit_log = self.log_dir / "audit.log"
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-maxsize=0"]
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every audit event logged so far (``audit=True``): ``user.username``, ``verb``, ``objectRef``,
+        ``requestReceivedTimestamp``, ``responseStatus.code``, ..."""
+        if self.audit_log is None:
+            raise RuntimeError("audit log not enabled: ControlPlane(audit=True)")
+        if not self.audit_log.exists():
+            return []
+        events = []
+        for line in self.audit_log.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line being written right now
+                events.append(json.loads(line))
+        return events
 
     def stop(self) -> None:
         for name in reversed(list(self._procs)):
