@@ -192,12 +192,12 @@ class Router(Proc):
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
             return resp.read().decode()
 
-    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 30.0) -> Served:
+    def complete(self, prompt: str, *, max_tokens: int = 1, timeout: float = 30.0, model: str = MODEL) -> Served:
         """``POST /v1/completions`` with ``prompt``: the answer and which worker served it."""
         status, body, headers = _http(
             "POST",
             self.url + "/v1/completions",
-            {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens},
+            {"model": model, "prompt": prompt, "max_tokens": max_tokens},
             headers=None,
             timeout=timeout,
         )
