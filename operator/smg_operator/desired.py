@@ -84,6 +84,13 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
     return True
 
 
+def http_url(ip: str, port: int) -> str:
+    """``http://IP:PORT``, an IPv6 address in brackets (``http://[fd00::5]:8000``) as RFC 3986 wants it: without
+    them the URL does not parse, and an IPv6 cluster would register nothing."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
 @dataclass(frozen=True, slots=True)
 class DesiredWorker:
     """One registration the operator wants on every router replica."""
@@ -139,9 +146,9 @@ def desired_workers(
     selected = [p for p in pods if p.namespace == namespace and selector_matches(spec.get("selector"), p.labels)]
     out: dict[str, DesiredWorker] = {}
     for pod in sorted(selected, key=lambda p: p.name):
-        if not pod.serving:
+        if not pod.serving or not pod.ip:
             continue
-        url = f"http://{pod.ip}:{port}"
+        url = http_url(pod.ip, port)
         out[url] = DesiredWorker(
             url=url,
             role=role,
@@ -212,7 +219,7 @@ def router_replicas(
     selector = {"matchLabels": dict(service_selector)}
     return sorted(
         (
-            Replica(pod=p.name, url=f"http://{p.ip}:{target.port}", namespace=p.namespace)
+            Replica(pod=p.name, url=http_url(p.ip, target.port), namespace=p.namespace)
             for p in pods
             if p.namespace == target.namespace
             and p.running

@@ -37,6 +37,7 @@ from smg_operator.metrics import OperatorMetrics
 from smg_operator.routers import RouterCallError, RouterClient
 from smg_operator.settings import OperatorSettings
 from smg_operator.status import Observed, ReplicaResult, build_status, differs
+from smg_operator.tenancy import refused_endpoints, router_refusal
 
 log = logging.getLogger(__name__)
 STATUS_REFRESH = 60.0
@@ -451,6 +452,9 @@ def find_replicas(
     if target is None:
         return [], ("NoRouterService", "spec.router.service is not set and smg-operator has no --router-service")
     key = (target.namespace, target.service)
+    refusal = router_refusal(key, s.allowed_router_services)  # before anything else: no call may go there
+    if refusal is not None:
+        return [], ("RouterNotAllowed", refusal)
     if key not in services:
         return [], ("RouterServiceNotFound", f"Service {target.namespace}/{target.service} not found")
     replicas = router_replicas(target, services[key], pods)
@@ -469,13 +473,25 @@ async def reconcile(
     pods: Iterable[PodInfo],
     services: Mapping[tuple[str, str], Mapping[str, str] | None],
 ) -> Observed:
+    """One pass over every replica of the SMGWorker's router; an allow-list violation (tenancy) registers nothing:
+    a not-allowed router gets no call at all, and a refused static endpoint empties the desired set, so the
+    allowed routers lose this SMGWorker's workers until its spec is fixed (never a partial apply)."""
     pods = list(pods)
     desired = desired_workers(namespace=namespace, name=name, uid=uid, spec=spec, pods=pods)
+    refused = refused_endpoints(spec.get("endpoints") or [], rt.settings.allowed_endpoints)
+    if refused:
+        desired = Desired(workers=(), selected=desired.selected)
     replicas, problem = find_replicas(rt, namespace=namespace, spec=spec, pods=pods, services=services)
     drain = float(spec.get("drainTimeoutSeconds", 30))
     results = await asyncio.gather(*(sync_replica(rt, r, desired, uid=uid, drain=drain) for r in replicas))
     conflicts = tuple(sorted({u for _, c in results for u in c}))
-    return Observed(desired=desired, replicas=[r for r, _ in results], router_problem=problem, conflicts=conflicts)
+    return Observed(
+        desired=desired,
+        replicas=[r for r, _ in results],
+        router_problem=problem,
+        conflicts=conflicts,
+        endpoint_problem=("EndpointNotAllowed", "; ".join(refused)) if refused else None,
+    )
 
 
 async def sync_replica(

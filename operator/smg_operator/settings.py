@@ -10,6 +10,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from smg_operator.leadership import LeaseTiming
+from smg_operator.tenancy import (
+    DEFAULT_ENDPOINT_RULES,
+    DEFAULT_ENDPOINTS,
+    EndpointAllowList,
+    RuleError,
+    ServiceRef,
+    default_router_services,
+    parse_service_ref,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,7 +30,8 @@ class OperatorSettings:
     router_service: str | None = None
     """Router Service for SMGWorkers that do not name one in spec.router."""
     router_namespace: str | None = None
-    """Namespace of that Service; None means the SMGWorker's own."""
+    """Namespace of that Service (--router-namespace, else the operator's own POD_NAMESPACE); None means the
+    SMGWorker's own."""
     router_port: int = 30000
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 8080
@@ -41,6 +51,12 @@ class OperatorSettings:
     """Seconds between renewals (leader) and between tries (standby)."""
     kube_request_timeout: float = 5.0
     """Bound of every Kubernetes API call the operator makes itself (status, Events, the Lease)."""
+    # -- tenancy (tenancy.py): where the admin token may go and what may be registered
+    allowed_router_services: frozenset[ServiceRef] = frozenset()
+    """(namespace, name) of the router Services an SMGWorker may target: --allowed-router-service, else the
+    default router alone (--router-service in router_namespace); empty refuses every router."""
+    allowed_endpoints: EndpointAllowList = DEFAULT_ENDPOINTS
+    """What static spec.endpoints may name: --allowed-endpoint, else tenancy.DEFAULT_ENDPOINT_RULES."""
 
 
 def _env(flag: str, default: str) -> str:
@@ -100,6 +116,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", "5")))
     p.add_argument("--log-level", default=_env("log-level", "info"))
     _leadership_flags(p)
+    _tenancy_flags(p)
     a = p.parse_args(argv)
     if a.reconcile_interval <= 0:
         p.error("--reconcile-interval must be positive")
@@ -107,11 +124,13 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     if a.leader_election and not (a.leader_election_namespace or namespaces or os.environ.get("POD_NAMESPACE")):
         p.error("--leader-election needs --leader-election-namespace (or POD_NAMESPACE)")
     _check_leadership(p, a)
+    router_namespace = a.router_namespace or os.environ.get("POD_NAMESPACE") or None
+    allowed_routers, allowed_endpoints = _tenancy(p, a, router_namespace=router_namespace)
     return OperatorSettings(
         namespaces=namespaces,
         reconcile_interval=a.reconcile_interval,
         router_service=a.router_service,
-        router_namespace=a.router_namespace,
+        router_namespace=router_namespace,
         router_port=a.router_port,
         metrics_host=a.metrics_host,
         metrics_port=a.metrics_port,
@@ -126,6 +145,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
         leader_election_renew_deadline=a.leader_election_renew_deadline,
         leader_election_retry_period=a.leader_election_retry_period,
         kube_request_timeout=a.kube_request_timeout,
+        allowed_router_services=allowed_routers,
+        allowed_endpoints=allowed_endpoints,
     )
 
 
@@ -166,3 +187,50 @@ def _check_leadership(p: argparse.ArgumentParser, a: argparse.Namespace) -> None
     problems = timing.problems(call_timeout=max(a.kube_request_timeout, a.router_timeout))
     if problems:
         p.error("leader election timings: " + "; ".join(problems))
+
+
+# -- tenancy --------------------------------------------------------------------------------------------
+def _tenancy_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allowed-router-service",
+        action="append",
+        default=None,
+        metavar="NS/NAME",
+        help="a router Service SMGWorkers may target (repeat; default: --router-service in --router-namespace or "
+        "POD_NAMESPACE, nothing else); the admin token is sent only to pods behind these",
+    )
+    p.add_argument(
+        "--allowed-endpoint",
+        action="append",
+        default=None,
+        metavar="CIDR|HOST|*.SUFFIX",
+        help="what static spec.endpoints may name (repeat; default: " + " ".join(DEFAULT_ENDPOINT_RULES) + "); "
+        "loopback, link-local, unspecified and multicast addresses only through a network inside their range",
+    )
+
+
+def _tenancy(
+    p: argparse.ArgumentParser, a: argparse.Namespace, *, router_namespace: str | None
+) -> tuple[frozenset[ServiceRef], EndpointAllowList]:
+    """The allow-lists, from the flags, else from ``SMG_OPERATOR_ALLOWED_*`` (comma separated), else the defaults."""
+    services = a.allowed_router_service or _split(_env("allowed-router-service", ""))
+    rules = a.allowed_endpoint or _split(_env("allowed-endpoint", "")) or list(DEFAULT_ENDPOINT_RULES)
+    try:
+        allowed = (
+            frozenset(parse_service_ref(s) for s in services)
+            if services
+            else default_router_services(router_service=a.router_service, router_namespace=router_namespace)
+        )
+        endpoints = EndpointAllowList.parse(rules)
+    except RuleError as e:
+        p.error(str(e))
+    if not allowed:
+        logging.getLogger(__name__).warning(
+            "no router Service is allowed: every SMGWorker will be refused (RouterNotAllowed); set "
+            "--allowed-router-service NS/NAME, or --router-service with --router-namespace (or POD_NAMESPACE)"
+        )
+    return allowed, endpoints
+
+
+def _split(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]

@@ -76,8 +76,11 @@ class Observed:
     desired: Desired
     replicas: Sequence[ReplicaResult]
     router_problem: tuple[str, str] | None = None
-    """(reason, message) when the router itself could not be found (no Service, no Ready replica)."""
+    """(reason, message) when the router itself could not be found (no Service, no Ready replica) or may not be
+    called (``RouterNotAllowed``)."""
     conflicts: tuple[str, ...] = field(default=())
+    endpoint_problem: tuple[str, str] | None = None
+    """(reason, message) when the spec's static endpoints are refused (``EndpointNotAllowed``): nothing desired."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +123,12 @@ def build_status(
     workers = observed.desired.workers
     urls = {w.url for w in workers}
     replicas = observed.replicas
-    unreachable = [r for r in replicas if not r.reachable]
     everywhere = {u for u in urls if replicas and all(u in r.registered for r in replicas)}
 
-    if workers:
+    if observed.endpoint_problem is not None:
+        reason, message = observed.endpoint_problem
+        resolved = _condition("EndpointsResolved", False, reason, message, now, generation, prev_conditions)
+    elif workers:
         resolved = _condition(
             "EndpointsResolved",
             True,
@@ -143,25 +148,8 @@ def build_status(
             generation,
             prev_conditions,
         )
-    if observed.router_problem is not None:
-        reason, message = observed.router_problem
-        registered = _condition("Registered", False, reason, message, now, generation, prev_conditions)
-    elif unreachable:
-        message = "; ".join(f"{r.pod} ({r.url}): {r.error}" for r in unreachable)
-        registered = _condition("Registered", False, "RouterUnreachable", message, now, generation, prev_conditions)
-    elif everywhere != urls:
-        failures = "; ".join(r.error for r in replicas if r.error) or "some endpoints are not registered yet"
-        registered = _condition("Registered", False, "RegistrationFailed", failures, now, generation, prev_conditions)
-    else:
-        registered = _condition(
-            "Registered",
-            True,
-            "RegisteredOnAllReplicas",
-            f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)",
-            now,
-            generation,
-            prev_conditions,
-        )
+    reason, message = _registration(observed, urls)
+    registered = _condition("Registered", reason == REGISTERED, reason, message, now, generation, prev_conditions)
     cause = resolved if resolved["status"] == "False" else registered
     ok = cause["status"] == "True"
     ready = _condition(
@@ -196,7 +184,46 @@ def build_status(
         ],
         "lastError": "; ".join(errors) or None,
     }
-    return status, _events(prev_conditions.get("Registered"), registered)
+    events = _events(prev_conditions.get("Registered"), registered)
+    was = (prev_conditions.get("EndpointsResolved") or {}).get("reason")
+    if observed.endpoint_problem is not None and was != resolved["reason"]:
+        events.insert(0, Event("Warning", resolved["reason"], resolved["message"]))
+    return status, events
+
+
+REGISTERED = "RegisteredOnAllReplicas"
+
+
+def _registration(observed: Observed, urls: set[str]) -> tuple[str, str]:
+    """The Registered condition's (reason, message): ``REGISTERED`` only when every desired endpoint is on every
+    replica; otherwise the first that holds of: the router is missing or not allowed; no replica answered
+    (``NoRouterReachable``); none of the endpoints is on any replica (``NotRegistered``); some replica did not
+    answer (``RouterUnreachable``); the replicas hold different sets (``ReplicasDisagree``); some endpoint is on
+    no replica (``RegistrationFailed``)."""
+    if observed.router_problem is not None:
+        return observed.router_problem
+    replicas = observed.replicas
+    unreachable = [r for r in replicas if not r.reachable]
+    reachable = [r for r in replicas if r.reachable]
+    errors = "; ".join(r.error for r in replicas if r.error)
+    if not reachable:
+        detail = "; ".join(f"{r.pod} ({r.url}): {r.error}" for r in unreachable) or "no router replica"
+        return "NoRouterReachable", f"no router replica answered: {detail}"
+    held = [r.registered & urls for r in reachable]
+    if urls and not any(held):
+        return "NotRegistered", f"none of {len(urls)} endpoint(s) is on any router replica" + (
+            f": {errors}" if errors else ""
+        )
+    if unreachable:
+        return "RouterUnreachable", "; ".join(f"{r.pod} ({r.url}): {r.error}" for r in unreachable)
+    if any(h != held[0] for h in held):
+        counts = ", ".join(f"{r.pod} {len(h)}/{len(urls)}" for r, h in zip(reachable, held, strict=True))
+        return "ReplicasDisagree", f"router replicas hold different endpoints ({counts})" + (
+            f": {errors}" if errors else ""
+        )
+    if held[0] != urls:
+        return "RegistrationFailed", errors or "some endpoints are not registered yet"
+    return REGISTERED, f"{len(urls)} endpoint(s) on {len(replicas)} router replica(s)"
 
 
 def _endpoint(worker: DesiredWorker, *, registered: bool) -> EndpointStatus:

@@ -60,7 +60,17 @@ def chart_env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
         e.logs,
         kubeconfig,
         admin_key=KEY,
-        args=["--namespace", NS, "--reconcile-interval", "2", "--router-service", "smg-router"],
+        # --router-namespace as the chart passes it: the default router, the only one allowed by default
+        args=[
+            "--namespace",
+            NS,
+            "--reconcile-interval",
+            "2",
+            "--router-service",
+            "smg-router",
+            "--router-namespace",
+            NS,
+        ],
     ).start()
     yield e
     e.operator.stop()

@@ -157,12 +157,22 @@ def test_kubectl_get_smgw_columns(control_plane: ControlPlane, crd: dict, namesp
     control_plane.api(
         "PATCH",
         path,
-        {"status": {"ready": "2/3", "registeredEndpoints": 2}},
+        {
+            "status": {
+                "ready": "2/3",
+                "registeredEndpoints": 2,
+                "conditions": [
+                    {"type": "EndpointsResolved", "status": "True", "reason": "EndpointsFound"},
+                    {"type": "Ready", "status": "False", "reason": "ReplicasDisagree"},
+                ],
+            }
+        },
         content_type="application/merge-patch+json",
     )
     lines = control_plane.kubectl("get", "smgw", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "ROLE", "MODEL", "READY", "REGISTERED", "AGE"], lines
-    assert lines[1].split()[:5] == ["cols", "regular", "sim-model", "2/3", "2"], lines
+    assert lines[0].split() == ["NAME", "ROLE", "MODEL", "READY", "REGISTERED", "STATUS", "AGE"], lines
+    # STATUS is the Ready condition's reason, picked out of the list by type
+    assert lines[1].split()[:6] == ["cols", "regular", "sim-model", "2/3", "2", "ReplicasDisagree"], lines
 
 
 def test_status_is_a_subresource(control_plane: ControlPlane, crd: dict, namespace: str) -> None:

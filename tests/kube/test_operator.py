@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import KEY, Env, new_env, pool
+from support.operator_env import KEY, Env, allow_routers, new_env, pool
 from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import MODEL, free_port, http_json, next_host, start_sim, wait_until
 
@@ -28,7 +28,15 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
         logs,
         cp.kubeconfig,
         admin_key=KEY,
-        args=["--namespace", e.ns, "--reconcile-interval", str(INTERVAL), "--router-port", str(e.router_port)],
+        args=[
+            "--namespace",
+            e.ns,
+            "--reconcile-interval",
+            str(INTERVAL),
+            "--router-port",
+            str(e.router_port),
+            *allow_routers(e.ns, "smg-router", "smg-pd"),
+        ],
     ).start()
     e.operator = op
     yield e
@@ -67,8 +75,8 @@ def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(e
     obj = e.smgw("llama")
     assert obj["status"]["ready"] == "2/2" and obj["status"]["registeredEndpoints"] == 2, obj["status"]
     table = e.cp.kubectl("get", "smgw", "-n", e.ns).stdout
-    assert table.split("\n")[0].split() == ["NAME", "ROLE", "MODEL", "READY", "REGISTERED", "AGE"], table
-    assert table.split("\n")[1].split()[:5] == ["llama", "regular", MODEL, "2/2", "2"], table
+    assert table.split("\n")[0].split() == ["NAME", "ROLE", "MODEL", "READY", "REGISTERED", "STATUS", "AGE"], table
+    assert table.split("\n")[1].split()[:6] == ["llama", "regular", MODEL, "2/2", "2", "Ready"], table
     print(f"registered on both replicas after {took:.2f}s")
 
     # a terminating pod is drained and removed from both replicas by the pass its pod event pokes (or the one in
@@ -196,6 +204,7 @@ def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_pat
         "2",
         "--router-timeout",
         "2",
+        *allow_routers(e.ns, "smg-router"),
     ]
     first = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args).start()  # readyz 200: it leads
     second = OperatorProcess(e.logs, cp.kubeconfig, admin_key=KEY, args=args, name="smg-operator-standby")

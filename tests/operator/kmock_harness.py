@@ -31,6 +31,8 @@ OPERATOR_FINALIZER = "smg.dev/finalizer"
 OWNER_UID = "smg.dev/smgworker-uid"
 POD_UID = "smg.dev/pod-uid"
 RECONCILE_INTERVAL = 1.0
+LOOPBACK = "127.0.0.0/8"
+"""Where every process of this tier listens (one loopback address per pod)."""
 ROUTER_TIMEOUT = 1.0
 
 
@@ -198,6 +200,12 @@ def Operator(tmp: Path, kubeconfig: Path) -> OperatorProcess:
             str(ROUTER_TIMEOUT),
             "--log-level",
             "info",
+            # the tenancy allow-lists (docs/operator.md): only the operator's own default router is allowed unless
+            # listed, and the static endpoints these tests start on 127.0.0.x are loopback, refused unless listed
+            "--allowed-router-service",
+            f"{NAMESPACE}/{ROUTER_SERVICE}",
+            "--allowed-endpoint",
+            LOOPBACK,
         ],
     )
 

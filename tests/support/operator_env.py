@@ -32,6 +32,17 @@ def new_env(cp: ControlPlane, logs: Path, ns: str, *, replicas: int = 2) -> Env:
     return e
 
 
+def allow_routers(ns: str, *services: str) -> list[str]:
+    """smg-operator flags allowing these router Services of ``ns``: by default it calls only its own router
+    (--router-service in --router-namespace), never a Service an SMGWorker's author picked (docs/operator.md)."""
+    return [arg for service in services for arg in ("--allowed-router-service", f"{ns}/{service}")]
+
+
+LOOPBACK = "127.0.0.0/8"
+"""Every process of this tier listens on a loopback address, which a static endpoint may name only when listed:
+``--allowed-endpoint LOOPBACK``."""
+
+
 def port_free_on(hosts: list[str]) -> int:
     """One port free on every host (router replicas share the Service's port, each on its own pod IP)."""
     while True:

@@ -174,3 +174,16 @@ def test_the_drain_annotation_marks_a_pod_worker_draining_and_the_plan_drains_an
     for value in ("false", "", "yes"):  # only "true" drains
         other = pod("a", "127.0.0.2", annotations={"smg.dev/drain": value})
         assert not desired_workers(namespace="ns", name="p", uid="U", spec=SPEC, pods=[other]).workers[0].draining
+
+
+# -- IPv6 (issue 10 item 5) ----------------------------------------------------------------------------
+def test_ipv6_pod_and_router_urls_put_the_address_in_brackets() -> None:
+    d = desired_workers(
+        namespace="ns", name="w", uid="u", spec={"selector": {"matchLabels": {"app": "w"}}}, pods=[pod("a", "fd00::5")]
+    )
+    assert [w.url for w in d.workers] == ["http://[fd00::5]:8000"]
+    target = RouterTarget(service="r", namespace="ns", port=30000)
+    replicas = router_replicas(target, {"app": "r"}, [pod("r0", "fd00::10", labels={"app": "r"})])
+    assert [r.url for r in replicas] == ["http://[fd00::10]:30000"]
+    v4 = router_replicas(target, {"app": "r"}, [pod("r0", "10.0.0.7", labels={"app": "r"})])
+    assert [r.url for r in v4] == ["http://10.0.0.7:30000"]  # IPv4 stays bare

@@ -102,7 +102,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def runtime(session: aiohttp.ClientSession, kube: FakeKube, **settings: Any) -> Runtime:
+    """Settings that allow the test's router Service (nothing is allowed by default)."""
     metrics = OperatorMetrics()
+    settings.setdefault("allowed_router_services", frozenset(SERVICE))
     return Runtime(
         settings=OperatorSettings(**settings),
         metrics=metrics,
