@@ -1,43 +1,189 @@
-"""The Helm chart against the real API server: everything it renders passes a server-side dry run, and the
-operator runs with nothing but the chart's own ServiceAccount and RBAC (a token bound to that ServiceAccount)."""
+"""The Helm chart against the real 1.20 API server: what it renders for this server passes a server-side dry
+run; a real ``helm install`` / ``helm upgrade`` (the Helm SDK's actions, server-side apply, capabilities and
+``lookup`` from the live server) picks the APIs 1.20 serves and keeps or follows the admin token; and the
+operator runs with nothing but the chart's own ServiceAccount and RBAC (a token bound to that ServiceAccount).
+
+The server has no controllers or kubelet: installed Deployments make no pods, which is all these tests need.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
+import helm_python as helm
 import pytest
-from support.helm_chart import example_values, render
+from support.helm_chart import CHART, example_values, render, server_capabilities
 from support.kube import ControlPlane
 from support.operator_env import KEY, Env, new_env, pool
 from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import wait_until
 
 NS = "smg"  # the release namespace the chart renders for
+CHECKSUM = "checksum/admin-token"
+DRY_RUN_CONFIGS = {
+    "defaults": {},
+    "regular": example_values("regular"),
+    "pd": example_values("pd"),
+    "sim": example_values("sim"),
+    "network-policy-ha": {
+        "networkPolicy": {"enabled": True, "adminNamespaces": ["platform"]},
+        "operator": {"replicas": 2, "allowedEndpoints": ["10.0.0.0/8"]},
+        "auth": {"existingSecret": "team-admin"},
+        "sim": {"enabled": True},
+    },
+}
 
 
-def _for_1_20(obj: dict) -> dict:
-    """The test API server is 1.20, which serves PodDisruptionBudget only as policy/v1beta1 (same spec)."""
-    if obj["kind"] == "PodDisruptionBudget" and obj["apiVersion"] == "policy/v1":
-        return {**obj, "apiVersion": "policy/v1beta1"}
-    return obj
-
-
-@pytest.mark.parametrize("example", ["defaults", "regular", "pd", "sim"])
-def test_rendered_chart_passes_a_server_side_dry_run(control_plane: ControlPlane, example: str) -> None:
-    cp = control_plane
-    rendered = render({} if example == "defaults" else example_values(example), namespace=NS)
-    for crd in rendered.crds:  # CRDs for real: the custom resources in the chart need them
+def _apply_crds(cp: ControlPlane) -> None:
+    for crd in render().crds:  # CRDs for real: the custom resources in the chart need them
         cp.apply_yaml(json.dumps(crd))
     cp.wait_crd_established("smgworkers.smg.dev")
-    if cp.request("GET", f"/api/v1/namespaces/{NS}")[0] == 404:
-        cp.create_namespace(NS)
-    docs = {"apiVersion": "v1", "kind": "List", "items": [_for_1_20(o) for o in rendered.objects]}
+
+
+def _ensure_namespace(cp: ControlPlane, ns: str) -> None:
+    if cp.request("GET", f"/api/v1/namespaces/{ns}")[0] == 404:
+        cp.create_namespace(ns)
+
+
+@pytest.mark.parametrize("config", sorted(DRY_RUN_CONFIGS))
+def test_rendered_chart_passes_a_server_side_dry_run(control_plane: ControlPlane, config: str) -> None:
+    """Rendered as Helm renders for this server (its version and discovery): no hand-made apiVersion fixes."""
+    cp = control_plane
+    kube_version, api_versions = server_capabilities(lambda path: cp.api("GET", path))
+    assert kube_version.startswith("v1.20.") and "policy/v1" not in api_versions
+    rendered = render(DRY_RUN_CONFIGS[config], namespace=NS, kube_version=kube_version, api_versions=api_versions)
+    assert rendered.get("PodDisruptionBudget", "smg-router")["apiVersion"] == "policy/v1beta1"
+    _apply_crds(cp)
+    _ensure_namespace(cp, NS)
+    docs = {"apiVersion": "v1", "kind": "List", "items": rendered.objects}
     out = cp.kubectl("apply", "--dry-run=server", "-n", NS, "-f", "-", input=json.dumps(docs)).stdout
     for obj in rendered.objects:
         assert f"{obj['kind'].lower()}" in out.lower() and obj["metadata"]["name"] in out, (obj["kind"], out)
     assert out.count("(server dry run)") == len(rendered.objects), out
+
+
+# -- a real helm install / upgrade ----------------------------------------------------------------------------
+
+
+class Release:
+    """One release of the chart installed into its own namespace with the Helm SDK, as ``helm install`` would."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, name: str = "smg") -> None:
+        self.cp, self.namespace, self.name = cp, namespace, name
+        _apply_crds(cp)
+        _ensure_namespace(cp, namespace)
+        self.config = helm.Config(kubeconfig_path=str(cp.kubeconfig), namespace=namespace)
+
+    def install(self, values: dict[str, Any]) -> dict[str, Any]:
+        with helm.Chart.load(CHART) as chart:
+            return self.config.install(chart, self.name, values, namespace=self.namespace, timeout=60)
+
+    def upgrade(self, values: dict[str, Any]) -> dict[str, Any]:
+        with helm.Chart.load(CHART) as chart:
+            return self.config.upgrade(chart, self.name, values, namespace=self.namespace, timeout=60)
+
+    def uninstall(self) -> None:
+        self.config.uninstall(self.name)
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return self.cp.request("GET", path)
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return self.cp.api("GET", f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{name}")
+
+    def pods(self) -> dict[str, tuple[str | None, int]]:
+        """Router and operator Deployments: (checksum annotation, generation)."""
+        out = {}
+        for name in ("smg-router", "smg-operator"):
+            d = self.deployment(name)
+            annotations = d["spec"]["template"]["metadata"].get("annotations") or {}
+            out[name] = (annotations.get(CHECKSUM), d["metadata"]["generation"])
+        return out
+
+    def secret_data(self, name: str, key: str) -> str:
+        return self.cp.api("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")["data"][key]
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_helm_install_on_1_20_picks_policy_v1beta1_and_keeps_the_generated_token(control_plane: ControlPlane) -> None:
+    release = Release(control_plane, "smg-install")
+    installed = release.install({})
+    ns = release.namespace
+    # the chart's kubeVersion admits 1.20, and Helm chose the PDB API from the server's discovery
+    assert "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget" in installed["manifest"]
+    assert release.get(f"/apis/policy/v1beta1/namespaces/{ns}/poddisruptionbudgets/smg-router")[0] == 200
+    # by server-side apply, the way 1.20 rejects a Service port without protocol: TCP
+    service = control_plane.api("GET", f"/api/v1/namespaces/{ns}/services/smg-router")
+    assert {f["operation"] for f in service["metadata"]["managedFields"]} == {"Apply"}
+    token = release.secret_data("smg-admin", "admin-api-key")
+    assert len(base64.b64decode(token)) == 32
+    first = release.pods()
+    assert first["smg-router"][0] == first["smg-operator"][0] == sha256(token)
+
+    release.upgrade({})  # lookup: the generated token stays, and nothing restarts
+    assert release.secret_data("smg-admin", "admin-api-key") == token
+    assert release.pods() == first
+
+    release.upgrade({"auth": {"adminApiKey": "rotated-token"}})  # a new token: both pod templates change
+    assert release.secret_data("smg-admin", "admin-api-key") == b64("rotated-token")
+    rotated = release.pods()
+    for name, (checksum, generation) in rotated.items():
+        assert checksum == sha256(b64("rotated-token")) and generation == first[name][1] + 1, name
+
+    release.upgrade({})  # the value dropped again: lookup keeps the Secret's token, still no restart
+    assert release.secret_data("smg-admin", "admin-api-key") == b64("rotated-token")
+    assert release.pods() == rotated
+
+    release.uninstall()
+    assert release.get(f"/apis/apps/v1/namespaces/{ns}/deployments/smg-router")[0] == 404
+    assert release.get(f"/api/v1/namespaces/{ns}/secrets/smg-admin")[0] == 404
+
+
+def test_with_an_existing_secret_the_checksum_follows_its_data(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    release = Release(cp, "smg-existing")
+    ns = release.namespace
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-admin"}, "data": {"token": b64("a")}}
+    cp.api("POST", f"/api/v1/namespaces/{ns}/secrets", secret)
+    values = {
+        "auth": {"existingSecret": "team-admin", "secretKey": "token"},
+        "networkPolicy": {"enabled": True},
+        "operator": {"replicas": 2},
+        "sim": {"enabled": True},
+    }
+    release.install(values)
+    assert release.get(f"/api/v1/namespaces/{ns}/secrets/smg-admin")[0] == 404  # no Secret of its own
+    assert release.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/smg-router")[0] == 200
+    assert release.get(f"/apis/smg.dev/v1alpha1/namespaces/{ns}/smgworkers/smg-sim-regular")[0] == 200
+    first = release.pods()
+    assert {checksum for checksum, _ in first.values()} == {sha256(b64("a"))}
+
+    release.upgrade(values)
+    assert release.pods() == first
+
+    cp.api(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}/secrets/team-admin",
+        {"data": {"token": b64("b")}},
+        content_type="application/merge-patch+json",
+    )
+    release.upgrade(values)  # lookup sees the new data: both pod templates change
+    for name, (checksum, generation) in release.pods().items():
+        assert checksum == sha256(b64("b")) and generation == first[name][1] + 1, name
+    release.uninstall()
+    assert release.secret_data("team-admin", "token") == b64("b")  # not the chart's to delete
 
 
 @pytest.fixture(scope="module")
