@@ -1,33 +1,46 @@
-# syntax=docker/dockerfile:1
 # One image, three commands: smg-router (the default command), smg-operator and smg-sim.
 #   docker build -t smg:0.1.0 .
+#   docker build --build-arg BASE_IMAGE=smg-base:bookworm -t smg:0.1.0 .   # scripts/build-base-image.sh
 #   docker run --rm -p 30000:30000 smg:0.1.0 smg-router --host 0.0.0.0 --worker-urls http://10.0.0.5:8000
 #   docker run --rm smg:0.1.0 smg-sim --host 0.0.0.0 --port 8000 --model sim-model
-ARG PYTHON_IMAGE=python:3.11-slim
+#
+# No `# syntax=` line: it would make BuildKit fetch a frontend image from a registry; the builder's own
+# frontend parses this file, and the legacy builder does too.
+#
+# Offline builds: put SMG's wheel and every dependency's wheel into ./wheelhouse/ of the build context
+# (e2e/cluster/ does: `pip wheel --no-deps` + `pip download` on the host) and build with
+# `--network none`; without ./wheelhouse/ pip reads the index.
+#
+# Runs under any uid (OpenShift's arbitrary uids included): nothing needs a passwd entry, every file is
+# world-readable, HOME is /tmp (an emptyDir in the chart), and the root filesystem may be read-only (the
+# bytecode is compiled at build time, nothing is written outside /tmp).
+ARG BASE_IMAGE=python:3.11-slim
 
-# --- builder: the project's wheel (/dist) and the wheels of its dependencies (/wheels) ---------------------
-FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY router ./router
-COPY sim ./sim
-COPY operator ./operator
-RUN pip wheel --no-deps --wheel-dir /dist . \
- && pip wheel --wheel-dir /wheels /dist/*.whl
+# --- builder: a virtual environment in /opt/smg with SMG and its dependencies ------------------------------
+FROM ${BASE_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY . /src
+RUN python3 -m venv /opt/smg \
+ && if [ -d /src/wheelhouse ]; then \
+      /opt/smg/bin/pip install --no-index --find-links=/src/wheelhouse smg-router-py; \
+    else \
+      /opt/smg/bin/pip install /src; \
+    fi \
+ && /opt/smg/bin/pip uninstall --yes --quiet pip setuptools \
+ && /opt/smg/bin/python3 -m compileall -q /opt/smg \
+ && chmod -R a+rX /opt/smg
 
-# --- runtime: python:3.11-slim and the installed wheels; no compiler, no sources, no pip cache ------------
-FROM ${PYTHON_IMAGE}
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
-    --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels /dist/*.whl \
- && groupadd --system --gid 10001 smg \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin smg
+# --- runtime: the base image and the virtual environment; no sources, no pip -------------------------------
+FROM ${BASE_IMAGE}
+ENV PATH=/opt/smg/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+COPY --from=builder /opt/smg /opt/smg
 LABEL org.opencontainers.image.title="smg" \
       org.opencontainers.image.description="SMG: a Kubernetes-native, cache-aware router for LLM inference fleets" \
       org.opencontainers.image.licenses="Apache-2.0"
-USER 10001:10001
+# A uid with no passwd entry; group 0 as OpenShift assigns. Any other uid works the same.
+USER 10001:0
+WORKDIR /tmp
 EXPOSE 30000
+# Exec form: the command is PID 1 itself (no shell in between), so SIGTERM reaches its handler.
 CMD ["smg-router"]
