@@ -8,6 +8,17 @@ from pathlib import Path
 
 from support.procs import Proc, free_port, http_json, metric_value, wait_until
 
+NO_PASSWD_ENTRY = """
+import pwd, runpy
+def getpwuid(uid):
+    raise KeyError(f"getpwuid(): uid not found: {uid}")
+pwd.getpwuid = getpwuid
+runpy.run_module("smg_operator", run_name="__main__", alter_sys=True)
+"""
+"""``python -c`` code that runs smg-operator as in a container whose uid has no passwd entry (an arbitrary
+``runAsUser``): ``pwd.getpwuid`` raises as it does there.  The real thing (another uid) cannot run this venv:
+its interpreter lives under root's home."""
+
 SETTLE = 30.0
 """How long a wait on the operator may take before it is a failure, in either operator tier.  Generous on
 purpose: the machine is shared and at times slow, and no test measures the operator's speed in seconds.
@@ -16,7 +27,14 @@ Where "how soon" matters, a test counts the operator's own reconcile passes (``p
 
 class OperatorProcess:
     def __init__(
-        self, tmp: Path, kubeconfig: Path, *, admin_key: str, args: list[str] | None = None, name: str = "smg-operator"
+        self,
+        tmp: Path,
+        kubeconfig: Path,
+        *,
+        admin_key: str,
+        args: list[str] | None = None,
+        name: str = "smg-operator",
+        no_passwd_entry: bool = False,
     ) -> None:
         self.metrics_port = free_port()
         env = {
@@ -26,10 +44,11 @@ class OperatorProcess:
             "KUBERNETES_SERVICE_HOST": "",
             "KUBERNETES_SERVICE_PORT": "",
         }
+        if no_passwd_entry:  # getpass.getuser() reads these before it asks pwd; a container sets none of them
+            env.update(dict.fromkeys(("LOGNAME", "USER", "LNAME", "USERNAME"), ""))
         argv = [
             sys.executable,
-            "-m",
-            "smg_operator",
+            *(["-c", NO_PASSWD_ENTRY] if no_passwd_entry else ["-m", "smg_operator"]),
             "--metrics-host",
             "127.0.0.1",
             "--metrics-port",
