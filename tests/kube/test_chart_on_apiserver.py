@@ -232,7 +232,8 @@ def test_operator_does_its_whole_job_with_the_charts_rbac(chart_env: Env) -> Non
     wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="registration under the chart's RBAC")
     wait_until(lambda: e.condition("pool", "Ready").get("status") == "True", timeout=SETTLE, what="status written")
     e.routers["router-0"].stop()
-    wait_until(lambda: "RouterUnreachable" in e.event_reasons("pool"), timeout=SETTLE, what="an Event posted")
+    # its only replica stopped: no router replica answers (docs/operator.md, Ready means ready)
+    wait_until(lambda: "NoRouterReachable" in e.event_reasons("pool"), timeout=SETTLE, what="an Event posted")
     e.start_router("router-0")
     wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="re-registration")
     # the finalizer: added, and removed after deregistration
