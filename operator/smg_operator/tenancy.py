@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from smg_operator.desired import PodInfo, Replica, http_url, selector_matches
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -72,6 +74,40 @@ def router_refusal(target: ServiceRef, allowed: Iterable[ServiceRef]) -> str | N
         f"Service {target[0]}/{target[1]} is not an allowed router (smg-operator --allowed-router-service; "
         f"allowed: {names}); no call was made to it"
     )
+
+
+def trusted_replicas(
+    recorded: Iterable[Replica],
+    *,
+    pods: Iterable[PodInfo],
+    services: Mapping[ServiceRef, Mapping[str, str] | None],
+    allowed: Iterable[ServiceRef],
+) -> list[Replica]:
+    """Of the replicas an earlier pass recorded in ``status`` (which whoever may write the SMGWorker's status can
+    forge), those whose pod runs now and is selected by an allowed router Service, at that pod's own address.
+
+    Nothing else gets the admin token: a forged ``{"pod": <any running pod>, "url": "http://attacker"}`` is
+    dropped, and a recorded URL's host is replaced by the pod's IP (its port is kept)."""
+    pods = list(pods)
+    allowed = frozenset(allowed)
+    out: list[Replica] = []
+    for r in recorded:
+        try:
+            port = urlsplit(r.url).port
+        except ValueError:
+            port = None
+        pod = next(
+            (p for p in pods if (p.namespace, p.name) == (r.namespace, r.pod) and p.running and not p.terminating),
+            None,
+        )
+        if port is None or pod is None or not pod.ip:
+            continue
+        if any(
+            ns == pod.namespace and selector_matches({"matchLabels": dict(services.get((ns, name)) or {})}, pod.labels)
+            for ns, name in allowed
+        ):
+            out.append(Replica(pod=r.pod, url=http_url(pod.ip, port), namespace=r.namespace))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

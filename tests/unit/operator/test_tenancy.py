@@ -4,6 +4,7 @@ and the flags that set both (issue 10 item 2)."""
 from __future__ import annotations
 
 import pytest
+from smg_operator.desired import PodInfo, Replica
 from smg_operator.settings import parse_settings
 from smg_operator.tenancy import (
     DEFAULT_ENDPOINTS,
@@ -13,6 +14,7 @@ from smg_operator.tenancy import (
     parse_service_ref,
     refused_endpoints,
     router_refusal,
+    trusted_replicas,
 )
 
 
@@ -39,6 +41,38 @@ def test_a_router_service_of_the_same_name_in_another_namespace_is_refused() -> 
 def test_a_router_service_must_be_namespace_slash_name(text: str) -> None:
     with pytest.raises(RuleError):
         parse_service_ref(text)
+
+
+def _pod(ns: str, name: str, ip: str, labels: dict[str, str], *, running: bool = True) -> PodInfo:
+    return PodInfo(
+        namespace=ns,
+        name=name,
+        uid=f"uid-{name}",
+        labels=labels,
+        annotations={},
+        ip=ip,
+        running=running,
+        ready=True,
+        terminating=False,
+    )
+
+
+def test_recorded_replicas_are_trusted_only_as_pods_of_an_allowed_router_at_their_own_address() -> None:
+    pods = [
+        _pod("smg-system", "router-0", "10.0.0.7", {"app": "smg-router"}),
+        _pod("team-a", "any-pod", "10.1.0.9", {"app": "w"}),
+        _pod("smg-system", "gone", "10.0.0.8", {"app": "smg-router"}, running=False),
+    ]
+    services = {("smg-system", "smg-router"): {"app": "smg-router"}, ("team-a", "my-router"): {"app": "w"}}
+    recorded = [
+        Replica(pod="router-0", namespace="smg-system", url="http://attacker.example:30000"),  # host forged
+        Replica(pod="any-pod", namespace="team-a", url="http://10.1.0.9:30000"),  # behind a Service not allowed
+        Replica(pod="gone", namespace="smg-system", url="http://10.0.0.8:30000"),  # pod no longer runs
+        Replica(pod="ghost", namespace="smg-system", url="http://10.0.0.9:30000"),  # no such pod
+    ]
+    trusted = trusted_replicas(recorded, pods=pods, services=services, allowed={("smg-system", "smg-router")})
+    assert trusted == [Replica(pod="router-0", namespace="smg-system", url="http://10.0.0.7:30000")]
+    assert trusted_replicas(recorded, pods=pods, services=services, allowed=set()) == []
 
 
 # -- static endpoints ----------------------------------------------------------------------------------
