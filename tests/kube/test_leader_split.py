@@ -26,7 +26,9 @@ from support.tcp_proxy import CuttableProxy
 
 LEASE, DEADLINE, RETRY, CALL_TIMEOUT = 6, 4.0, 1.0, 2.0
 MARGIN = 0.5
-"""Slack for the API server and the test's own polling on a shared machine, in seconds."""
+"""Slack past the old leader's renew deadline before a write of its would count as late, in seconds."""
+TAKEOVER_SLACK = 1.5
+"""Slack for the standby's calls and the test's own polling of the Lease on a shared machine, in seconds."""
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
 
@@ -161,7 +163,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_before_the_standby_t
         # the standby took the lease once the record had stood still for a lease duration from when op-b last
         # saw it change: at most a retry period after op-a's last renewal (which came before the cut), plus
         # one retry period until op-b's next try
-        assert took_over - t_cut <= LEASE + 2 * RETRY + MARGIN, took_over - t_cut
+        assert took_over - t_cut <= LEASE + 2 * RETRY + TAKEOVER_SLACK, took_over - t_cut
 
         # no router call by op-a after its deadline: its call count stood still from then on until it exited
         late = [n for t, n in samples if t > t_cut + DEADLINE + MARGIN]
