@@ -5,8 +5,7 @@
   tests/kube/test_chart_on_apiserver.py) or only from ``--kube-version`` (``helm template``);
 * no service links (``SMG_OPERATOR_METRICS_PORT=tcp://...`` crashed the operator), ``protocol: TCP`` on every
   port (Helm v4's server-side apply on 1.20 rejects a Service port without it);
-* non-root, any uid, read-only root filesystem, no privilege escalation, no capabilities, /tmp an emptyDir;
-  kopf's identity from the pod name (it would otherwise look the uid up in /etc/passwd).
+* non-root, any uid, read-only root filesystem, no privilege escalation, no capabilities, /tmp an emptyDir.
 """
 
 from __future__ import annotations

@@ -17,11 +17,6 @@ def literal_env(r: Rendered) -> dict[str, str]:
     return {e["name"]: e["value"] for e in operator_container(r)["env"] if "value" in e}
 
 
-def test_kopf_takes_its_identity_from_the_pod_name_not_the_passwd_entry() -> None:
-    env = operator_container(render())["env"]
-    assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
-
-
 def test_operator_probes_and_leader_election_with_several_replicas() -> None:
     single = render().get("Deployment", "smg-operator")
     assert single["spec"]["strategy"] == {"type": "Recreate"}
