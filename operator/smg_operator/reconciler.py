@@ -37,7 +37,7 @@ from smg_operator.metrics import OperatorMetrics
 from smg_operator.routers import RouterCallError, RouterClient
 from smg_operator.settings import OperatorSettings
 from smg_operator.status import Observed, ReplicaResult, build_status, differs
-from smg_operator.tenancy import refused_endpoints, router_refusal
+from smg_operator.tenancy import refused_endpoints, router_refusal, trusted_replicas
 
 log = logging.getLogger(__name__)
 STATUS_REFRESH = 60.0
@@ -278,11 +278,16 @@ async def _reconcile_and_report(
         rt, namespace=namespace, name=name, uid=uid, spec=spec, pods=relevant, services=service_map
     )
     current = [Replica(pod=r.pod, url=r.url, namespace=r.namespace) for r in observed.replicas]
+    recorded = recorded_replicas(previous)
     stale = await clean_stale(
         rt,
-        recorded=recorded_replicas(previous),
+        recorded=trusted_replicas(
+            recorded,
+            pods=_pods_in(pods, {r.namespace for r in recorded}),
+            allowed=rt.settings.allowed_router_services,
+        ),
         current=current,
-        pods=_pods_in(pods, {r.namespace for r in recorded_replicas(previous)}),
+        pods=_pods_in(pods, {r.namespace for r in recorded}),
         uid=uid,
         drain=float(spec.get("drainTimeoutSeconds", 30)),
         clean=observed.router_problem is None,
@@ -337,7 +342,9 @@ def _pods_in(index: PodIndex, namespaces: Iterable[str]) -> list[PodInfo]:
 
 
 def recorded_replicas(status: Mapping[str, Any]) -> list[Replica]:
-    """The replicas an earlier pass wrote to status (``routers`` and ``staleRouters``): who may hold our workers."""
+    """The replicas an earlier pass wrote to status (``routers`` and ``staleRouters``): who may hold our workers.
+
+    Whoever may write the status can forge these: ``tenancy.trusted_replicas`` decides which get a call."""
     out: dict[tuple[str, str], Replica] = {}
     for entry in [*(status.get("routers") or []), *(status.get("staleRouters") or [])]:
         if isinstance(entry, Mapping) and entry.get("pod") and entry.get("url") and entry.get("namespace"):
@@ -409,9 +416,8 @@ async def finalize(
     all_pods = _pods(pods)
     current, _problem = find_replicas(rt, namespace=namespace, spec=spec, pods=all_pods, services=_services(services))
     seen = {(r.namespace, r.pod) for r in current}
-    replicas = current + [
-        r for r in recorded_replicas(status) if (r.namespace, r.pod) not in seen and _alive(r, all_pods)
-    ]
+    recorded = trusted_replicas(recorded_replicas(status), pods=all_pods, allowed=rt.settings.allowed_router_services)
+    replicas = current + [r for r in recorded if (r.namespace, r.pod) not in seen]
     errors = await deregister_all(rt, replicas, uid=uid, drain=float(spec.get("drainTimeoutSeconds", 30)))
     if errors:
         message = "; ".join(errors)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from smg_operator.desired import PodInfo, Replica, http_url, selector_matches
+from smg_operator.desired import PodInfo, Replica, http_url
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -80,16 +80,17 @@ def trusted_replicas(
     recorded: Iterable[Replica],
     *,
     pods: Iterable[PodInfo],
-    services: Mapping[ServiceRef, Mapping[str, str] | None],
     allowed: Iterable[ServiceRef],
 ) -> list[Replica]:
     """Of the replicas an earlier pass recorded in ``status`` (which whoever may write the SMGWorker's status can
-    forge), those whose pod runs now and is selected by an allowed router Service, at that pod's own address.
+    forge), those whose pod runs now in the namespace of an allowed router Service, at that pod's own address.
 
-    Nothing else gets the admin token: a forged ``{"pod": <any running pod>, "url": "http://attacker"}`` is
-    dropped, and a recorded URL's host is replaced by the pod's IP (its port is kept)."""
+    Nothing else gets the admin token: a forged ``{"pod": <a tenant's pod>, "url": "http://attacker"}`` is
+    dropped, and a recorded URL's host is replaced by the pod's IP (its port is kept).  Not "selected by an
+    allowed Service now": the replicas worth cleaning are exactly the ones their Service no longer selects (it
+    changed or was deleted), and the router namespaces are the administrator's, not a tenant's."""
     pods = list(pods)
-    allowed = frozenset(allowed)
+    namespaces = {ns for ns, _ in allowed}
     out: list[Replica] = []
     for r in recorded:
         try:
@@ -100,13 +101,9 @@ def trusted_replicas(
             (p for p in pods if (p.namespace, p.name) == (r.namespace, r.pod) and p.running and not p.terminating),
             None,
         )
-        if port is None or pod is None or not pod.ip:
+        if port is None or pod is None or not pod.ip or pod.namespace not in namespaces:
             continue
-        if any(
-            ns == pod.namespace and selector_matches({"matchLabels": dict(services.get((ns, name)) or {})}, pod.labels)
-            for ns, name in allowed
-        ):
-            out.append(Replica(pod=r.pod, url=http_url(pod.ip, port), namespace=r.namespace))
+        out.append(Replica(pod=r.pod, url=http_url(pod.ip, port), namespace=r.namespace))
     return out
 
 

@@ -255,7 +255,7 @@ async def test_the_finalizer_keeps_the_smgworker_while_a_recorded_replica_runs_t
     workers, so the finalizer must reach it (here it cannot: the port is closed) before letting go."""
     port = closed_port()
     status = {"routers": [{"pod": "router-0", "url": f"http://127.0.0.1:{port}", "namespace": NS}]}
-    rt = runtime(session, FakeKube())
+    rt = runtime(session, FakeKube(), allowed_router_services=frozenset({(NS, "smg-router")}))
     with pytest.raises(DeregistrationPending, match="router-0"):
         await finalize(
             rt,

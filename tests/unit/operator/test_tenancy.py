@@ -57,22 +57,27 @@ def _pod(ns: str, name: str, ip: str, labels: dict[str, str], *, running: bool =
     )
 
 
-def test_recorded_replicas_are_trusted_only_as_pods_of_an_allowed_router_at_their_own_address() -> None:
+def test_recorded_replicas_are_trusted_only_as_running_pods_of_a_router_namespace_at_their_own_address() -> None:
     pods = [
         _pod("smg-system", "router-0", "10.0.0.7", {"app": "smg-router"}),
+        _pod("smg-system", "old-router", "10.0.0.6", {"app": "was-a-router"}),  # no Service selects it any more
         _pod("team-a", "any-pod", "10.1.0.9", {"app": "w"}),
         _pod("smg-system", "gone", "10.0.0.8", {"app": "smg-router"}, running=False),
     ]
-    services = {("smg-system", "smg-router"): {"app": "smg-router"}, ("team-a", "my-router"): {"app": "w"}}
     recorded = [
         Replica(pod="router-0", namespace="smg-system", url="http://attacker.example:30000"),  # host forged
-        Replica(pod="any-pod", namespace="team-a", url="http://10.1.0.9:30000"),  # behind a Service not allowed
+        Replica(pod="old-router", namespace="smg-system", url="http://10.0.0.6:30000"),  # a former replica
+        Replica(pod="any-pod", namespace="team-a", url="http://10.1.0.9:30000"),  # not a router namespace
         Replica(pod="gone", namespace="smg-system", url="http://10.0.0.8:30000"),  # pod no longer runs
         Replica(pod="ghost", namespace="smg-system", url="http://10.0.0.9:30000"),  # no such pod
+        Replica(pod="router-0", namespace="smg-system", url="no-port"),
     ]
-    trusted = trusted_replicas(recorded, pods=pods, services=services, allowed={("smg-system", "smg-router")})
-    assert trusted == [Replica(pod="router-0", namespace="smg-system", url="http://10.0.0.7:30000")]
-    assert trusted_replicas(recorded, pods=pods, services=services, allowed=set()) == []
+    trusted = trusted_replicas(recorded, pods=pods, allowed={("smg-system", "smg-router")})
+    assert trusted == [
+        Replica(pod="router-0", namespace="smg-system", url="http://10.0.0.7:30000"),
+        Replica(pod="old-router", namespace="smg-system", url="http://10.0.0.6:30000"),
+    ]
+    assert trusted_replicas(recorded, pods=pods, allowed=set()) == []
 
 
 # -- static endpoints ----------------------------------------------------------------------------------
