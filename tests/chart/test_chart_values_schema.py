@@ -41,6 +41,21 @@ BAD = {
         "/router/resources/limits/memory",
     ),
     "watch namespace not a DNS label": ({"operator": {"watchNamespaces": ["Team_A"]}}, "/operator/watchNamespaces/0"),
+    "admin port out of range": ({"router": {"adminPort": 70000}}, "/router/adminPort"),
+    "router service without namespace": (
+        {"operator": {"allowedRouterServices": ["smg-router"]}},
+        "/operator/allowedRouterServices/0",
+    ),
+    "endpoint rule with a comma": (
+        {"operator": {"allowedEndpoints": ["10.0.0.0/8,192.168.0.0/16"]}},
+        "/operator/allowedEndpoints/0",
+    ),
+    "network policy unknown key": ({"networkPolicy": {"enable": True}}, "enable"),
+    "admin namespace not a DNS label": (
+        {"networkPolicy": {"adminNamespaces": ["Platform"]}},
+        "/networkPolicy/adminNamespaces/0",
+    ),
+    "admin peers not a list": ({"networkPolicy": {"adminFrom": {"podSelector": {}}}}, "/networkPolicy/adminFrom"),
 }
 
 
