@@ -83,7 +83,8 @@ def test_example_applies(control_plane: ControlPlane, crd: dict, namespace: str,
     assert stored["spec"]["role"] in ("regular", "prefill", "decode")
     # Defaults of the schema are applied by the server.
     assert stored["spec"]["drainTimeoutSeconds"] == 30
-    assert stored["spec"]["router"]["port"] == 30000
+    # No default for the router port: unset, the operator's --router-port applies (the chart's admin port).
+    assert "port" not in stored["spec"]["router"]
 
 
 def test_all_examples_apply_together(control_plane: ControlPlane, crd: dict, namespace: str) -> None:
