@@ -106,6 +106,7 @@ async def run(settings: OperatorSettings) -> int:
     runner = await _health_server(settings, metrics, ready=ready.is_set, leading=lambda: gate.is_open)
     elector = _elector(settings, name) if settings.leader_election else None
     keeper: asyncio.Task[None] | None = None
+    rt: Runtime | None = None
     lost: list[str] = []
 
     def on_lost(reason: str) -> None:
@@ -158,6 +159,8 @@ async def run(settings: OperatorSettings) -> int:
                 stop_flag=stop if settings.leader_election else None,
             )
         finally:
+            if rt is not None:
+                await rt.close()  # drains in flight end with the session they use
             if keeper is not None:
                 keeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
