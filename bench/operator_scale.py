@@ -252,15 +252,18 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         f"operator scale: {s['smgworkers']} SMGWorkers x {s['pods_per_smgworker']} pods = {s['pods']}, "
         f"{s['replicas']} router replicas, churn {s['churn_per_minute']:.0%}/min for {s['duration']:.0f} s "
-        f"({result['replacements']} replacements); operator: {result['operator']}"
+        f"({result['replacements']} replacements)"
     )
+    code = result["operator"]
+    dirty = " (operator/ has uncommitted changes)" if code.get("operator_uncommitted") else ""
+    print(f"operator code: {code['source']}{dirty}; HEAD {code['head'][:12]}")
     print(
         f"fill converged {result['fill_converged_after_s']:.1f} s after the last pod was Ready; "
         f"churn settled {result['churn_settled_after_s']:.1f} s after it ended"
     )
 
     def line(label: str, cells: list[str]) -> None:
-        print(f"{label:44} " + " ".join(f"{c:>18}" for c in cells))
+        print(f"{label:50} " + " ".join(f"{c:>18}" for c in cells))
 
     line("figure", names)
     line("seconds", [f"{ph[n]['seconds']:.0f}" for n in names])
