@@ -6,10 +6,19 @@ token from ``SMG_ADMIN_API_KEY``.  Every call is counted in ``smg_operator_hook_
 Every call, reads included (they carry the token too), goes through the leadership ``Gate``: once this
 replica stops leading, a call is refused before anything is sent (``NotLeading``, not counted as a hook call)
 and a call in flight is cancelled.
+
+``GET /workers`` answers a replica's whole registry (a thousand workers at scale) and every SMGWorker's pass
+needs one per replica, so the passes share it: a list in flight is joined, and one younger than
+``list_max_age`` is reused unless this client has changed that replica since.  Reusing a slightly old list
+is safe: a pass only plans its own SMGWorker's workers, a repeated ``POST`` of a registered URL is a no-op
+and a repeated ``DELETE`` a 404.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -33,6 +42,16 @@ class NotLeading(RouterCallError):
         super().__init__(message, reachable=False)
 
 
+LIST_MAX_AGE = 1.0
+"""Seconds a replica's ``GET /workers`` answer is shared by the passes that need one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    started: float
+    task: asyncio.Future[list[dict[str, Any]]]
+
+
 class RouterClient:
     def __init__(
         self,
@@ -42,7 +61,10 @@ class RouterClient:
         metrics: OperatorMetrics,
         timeout: float = 5.0,
         gate: Gate | None = None,
+        list_max_age: float = LIST_MAX_AGE,
     ) -> None:
+        self._list_max_age = list_max_age
+        self._listings: dict[str, _Listing] = {}
         self._session = session
         self._gate = gate or Gate()  # no election: always open
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -90,29 +112,58 @@ class RouterClient:
         return body
 
     async def list_workers(self, router: str) -> list[dict[str, Any]]:
+        """One replica's registry, shared with the other passes that ask within ``list_max_age``."""
+        if not self._gate.is_open:  # a pass of a replica that no longer leads gets no shared list either
+            self._listings.clear()
+            raise NotLeading(f"GET {router}/workers not sent: this replica does not lead")
+        listing = self._listings.get(router)
+        if listing is None or (listing.task.done() and time.monotonic() - listing.started > self._list_max_age):
+            listing = _Listing(time.monotonic(), asyncio.ensure_future(self._list(router)))
+            self._listings[router] = listing
+            listing.task.add_done_callback(lambda task: self._settled(router, task))
+        # shielded: one waiter cancelled (its daemon stopping) must not cancel the others' list
+        return list(await asyncio.shield(listing.task))
+
+    async def _list(self, router: str) -> list[dict[str, Any]]:
         body = await self._call("list", "GET", f"{router}/workers")
         return list(body.get("workers", []))
+
+    def _settled(self, router: str, task: asyncio.Future[list[dict[str, Any]]]) -> None:
+        """A failed list is not shared: the next pass asks again."""
+        if task.cancelled() or task.exception() is not None:  # exception(): retrieved even if no waiter is left
+            listing = self._listings.get(router)
+            if listing is not None and listing.task is task:
+                del self._listings[router]
+
+    async def _change(self, router: str, hook: str, method: str, path: str, **kw: Any) -> Any:
+        """A call that changes the replica: no list taken before it ends is shared after it."""
+        self._listings.pop(router, None)
+        try:
+            return await self._call(hook, method, router + path, **kw)
+        finally:
+            self._listings.pop(router, None)
 
     # The answers of register and replace (the worker record) are not used beyond the new id: each reconcile
     # reads the replica's state back with list_workers, so there is one source of truth for what a replica holds.
     async def register(self, router: str, registration: dict[str, Any]) -> str | None:
         """POST the worker; its id on that replica (None if the answer had none)."""
-        body = await self._call("register", "POST", f"{router}/workers", json=registration)
+        body = await self._change(router, "register", "POST", "/workers", json=registration)
         worker_id = body.get("id") if isinstance(body, dict) else None
         return worker_id if isinstance(worker_id, str) else None
 
     async def set_draining(self, router: str, worker_id: str, draining: bool) -> None:
         """Drain (no new requests, in-flight finish) or undrain a worker without removing it."""
-        await self._call("drain", "PATCH", f"{router}/workers/{worker_id}", json={"draining": draining})
+        await self._change(router, "drain", "PATCH", f"/workers/{worker_id}", json={"draining": draining})
 
     async def replace(self, router: str, worker_id: str, registration: dict[str, Any]) -> None:
-        await self._call("update", "PUT", f"{router}/workers/{worker_id}", json=registration)
+        await self._change(router, "update", "PUT", f"/workers/{worker_id}", json=registration)
 
     async def remove(self, router: str, worker_id: str, *, drain_timeout: float) -> None:
-        await self._call(
+        await self._change(
+            router,
             "remove",
             "DELETE",
-            f"{router}/workers/{worker_id}?timeout={drain_timeout:g}",
+            f"/workers/{worker_id}?timeout={drain_timeout:g}",
             ok=(200, 404),
             client_timeout=aiohttp.ClientTimeout(total=drain_timeout + 10),
         )

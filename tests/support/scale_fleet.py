@@ -114,11 +114,13 @@ class ScaleFleet:
         return record
 
     def _create(self, record: PodRecord, *, ready: bool) -> None:
+        # stamped before the call: the operator may register the pod before the call has returned to us
+        sent = time.time()
         self.env.cp.make_ready_pod(
             self.env.ns, record.name, {"pool": record.pool}, record.ip, finalizers=[HOLD_FINALIZER], ready=ready
         )
         if ready:
-            record.ready_at = time.time()
+            record.ready_at = sent
 
     def fill(self, *, threads: int = 4) -> None:
         """Create every pool's pods, Running and Ready, a few at a time (pools interleaved)."""
@@ -170,8 +172,9 @@ class ScaleFleet:
         victim = self._victim()
         actions: list[tuple[float, Callable[[], None]]] = []
         if victim is not None:
+            sent = time.time()  # before the call, as in _make_ready
             self.env.cp.mark_terminating(self.env.ns, victim.name)
-            victim.deleted_at = time.time()
+            victim.deleted_at = sent
             self.churned += 1
             actions.append((self.scenario.grace, lambda: self.env.cp.release_pod(self.env.ns, victim.name, wait=False)))
             record = self._new_record(victim.pool)
@@ -187,5 +190,6 @@ class ScaleFleet:
         return self._rng.choice(candidates) if candidates else None
 
     def _make_ready(self, record: PodRecord) -> None:
+        sent = time.time()  # the operator may register the pod before this call has returned to us
         self.env.cp.set_pod_ready(self.env.ns, record.name, True)
-        record.ready_at = time.time()
+        record.ready_at = sent
