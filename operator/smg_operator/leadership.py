@@ -221,8 +221,20 @@ class Elector:
         return self._hold(mine, started)
 
     def _expired(self, record: LeaseRecord) -> bool:
+        return self._clock() > self._expires_at(record)
+
+    def _expires_at(self, record: LeaseRecord) -> float:
         duration = record.duration if record.duration and record.duration > 0 else self.timing.lease_duration
-        return self._clock() > self._observed_at + duration
+        return self._observed_at + duration
+
+    def _next_try_in(self) -> float:
+        """A standby tries again after a retry period, or right when the lease it watches expires if sooner:
+        the takeover then comes a lease duration after the standby last saw the record change, not up to one
+        retry period later."""
+        if self._observed is None or not self._observed.holder or self._observed.holder == self.identity:
+            return self.timing.retry_period
+        until = self._expires_at(self._observed) - self._clock()
+        return min(self.timing.retry_period, max(0.0, until) + 0.01)
 
     def _hold(self, record: LeaseRecord, started: float) -> bool:
         self._observed, self._observed_at = record, self._clock()
@@ -243,7 +255,7 @@ class Elector:
                 if not standing_by:  # said once: a standby polls for as long as the leader lives
                     log.info("leader election: the lease is held by another replica; %s stands by", self.identity)
                     standing_by = True
-            await self._sleep(self.timing.retry_period)
+            await self._sleep(self._next_try_in())
         self.leading = True
         log.info("leader election: %s holds the lease", self.identity)
 

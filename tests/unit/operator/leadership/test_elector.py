@@ -132,6 +132,17 @@ async def test_acquire_rides_out_api_errors_and_polls_every_retry_period() -> No
     assert 3 + 6 <= now() <= 3 + 6 + TIMING.retry_period + 0.1  # first seen fault-free at ~3 s, then a duration
 
 
+async def test_a_standby_tries_again_right_when_the_lease_it_watches_expires_not_at_its_next_retry() -> None:
+    lease = FakeLease()
+    lease.hold("other")
+    timing = LeaseTiming(lease_duration=6.0, renew_deadline=5.0, retry_period=4.0)  # polls at 0, 4, 8, ...
+    loop = asyncio.get_running_loop()
+    e = Elector(store=lease, identity="me", timing=timing, clock=loop.time, run_sync=lease.run)
+    seen = now()
+    await asyncio.wait_for(e.acquire(), timeout=20)
+    assert seen + 6.0 < now() <= seen + 6.0 + 0.05  # not at seen + 8, the next retry tick
+
+
 # -- the holder ----------------------------------------------------------------------------------------
 async def leading(lease: FakeLease) -> tuple[Elector, Gate, asyncio.Task[None], list[tuple[float, str]]]:
     e = elector(lease)
