@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/install-test-tools.sh   # etcd, prometheus, kubectl, kube-apiserver (built once, cached)
+if [ "$(id -u)" = 0 ]; then         # the e2e tier's cluster (tests/e2e) needs root; without it the tier skips
+  nice -n 19 ./scripts/install-e2e-tools.sh   # docker.io, CNI, mmdebstrap...; kubelet & co. (built once, cached)
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .     # one formatting, by the tool
 .venv/bin/lint-imports --no-cache   # the layer contracts of pyproject.toml [tool.importlinter]
