@@ -506,9 +506,10 @@ def test_helm_upgrade_keeps_the_admin_token(release: Release) -> None:
 
 
 @pytest.mark.xfail(
-    reason="operator finalizer: on helm uninstall every router pod is terminating, the finalizer still drains "
-    "them (drainTimeoutSeconds, 30 s) and the operator pod is deleted first, so the SMGWorker stays Terminating "
-    "with smg.dev/finalizer (seen here; reported for the operator/chart owners)",
+    reason="chart: helm uninstall deletes the operator, its Role/RoleBinding and the SMGWorker at once; the "
+    "operator's deregister handler succeeds, but its status patch and Event are already 403 Forbidden and "
+    "smg.dev/finalizer is never removed, so the SMGWorker stays Terminating (seen here; needs e.g. a pre-delete "
+    "hook that deletes the release's SMGWorkers while the operator and its RBAC still exist)",
     strict=True,
 )
 def test_helm_uninstall_leaves_nothing_behind(release: Release) -> None:
