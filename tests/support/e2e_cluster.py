@@ -18,11 +18,13 @@ inside our own namespace ever receive traffic.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -211,10 +213,41 @@ def namespace_unavailable() -> str | None:
     return None
 
 
+def _session_lock(env: dict[str, str]) -> int:
+    """An exclusive lock on the cluster's state folder for this whole session, waited for.
+
+    There is one such cluster per machine (one namespace name, one state folder): a second test session would
+    tear the first one's cluster down (up.sh starts with down.sh), so it waits until the first is done.
+    """
+    from support.kube import cache_dir
+
+    state = Path(env.get("SMG_E2E_STATE") or cache_dir() / "e2e-cluster")
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / "session.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + float(env.get("SMG_E2E_LOCK_WAIT", "900"))
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise AssertionError(f"another test session holds {state / 'session.lock'}") from None
+            time.sleep(1)
+
+
 def _namespace(env: dict[str, str]) -> Iterator[Cluster]:
     reason = namespace_unavailable()
     if reason:
         raise Unavailable(reason)
+    lock = _session_lock(env)
+    try:
+        yield from _namespace_locked(env)
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def _namespace_locked(env: dict[str, str]) -> Iterator[Cluster]:
     up = subprocess.run(
         [str(CLUSTER_SCRIPTS / "up.sh")], capture_output=True, text=True, timeout=900, env={**os.environ, **env}
     )
