@@ -27,4 +27,7 @@ find "$CTX" \( -name __pycache__ -o -name '*.egg-info' -o -name .pytest_cache \)
   --platform manylinux_2_28_x86_64 --platform linux_x86_64 \
   "$(ls "$CTX"/wheelhouse/smg_router_py-*.whl)" >&2
 DOCKER_BUILDKIT=1 dk build --quiet --network none --build-arg "BASE_IMAGE=$BASE" -t "$TAG" "$CTX" >&2
+# The data-root is kept across runs: drop the images this tag replaced and keep the build cache under 1 GB.
+dk image prune --force >/dev/null
+dk builder prune --force --keep-storage 1000000000 >/dev/null
 dk image inspect "$TAG" --format '{{.Size}}'
