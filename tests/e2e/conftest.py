@@ -1,8 +1,9 @@
 """The e2e tier: SMG's image and chart in a real Kubernetes cluster (support/e2e_cluster.py says which one).
 
-Session fixtures, each made once: ``cluster`` (brought up here and torn down at the end, or an existing one),
-``image`` (built from the repository's Dockerfile and loaded into the node), ``figures`` (what the tests
-measured, printed at the end of the session for docs/helm.md).  The tier skips, with the reason, only when
+Fixtures: ``cluster`` (brought up here, or an existing one) and ``image`` (built from the repository's
+Dockerfile and loaded into the node) are module-scoped, so the cluster goes down as soon as the e2e module is
+done, not at the end of a whole-suite session; ``figures`` (what the tests measured, printed at the end of the
+session for docs/helm.md).  The tier skips, with the reason, only when
 the machine cannot run a cluster (no root, no namespaces) and no other cluster is given.
 """
 
@@ -25,7 +26,7 @@ def figures() -> Iterator[dict[str, Any]]:
         print("\ne2e figures: " + json.dumps(found, sort_keys=True))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(figures: dict[str, Any]) -> Iterator[Cluster]:
     started = time.monotonic()
     provider = provide_cluster()
@@ -42,7 +43,7 @@ def cluster(figures: dict[str, Any]) -> Iterator[Cluster]:
     figures["cluster_down_s"] = round(time.monotonic() - stopped, 1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image(cluster: Cluster, figures: dict[str, Any]) -> str:
     """The image tag the pods run: built and loaded here when the backend can, else SMG_E2E_IMAGE as it is."""
     if cluster.build_image is not None:
