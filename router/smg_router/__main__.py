@@ -2,7 +2,8 @@
 
 Graceful shutdown, as Kubernetes needs it (the pod leaves the Service endpoints at about the time SIGTERM
 arrives, and not at once everywhere):
-1. ``/readiness`` answers 503 at once; requests are still served for ``--shutdown-delay`` seconds.
+1. ``/readiness`` answers 503 at once; requests are still served for ``--shutdown-delay`` seconds, every answer
+   with ``Connection: close`` (app.py), so that clients retire their pooled connections to this router.
 2. The listening socket closes; in-flight requests and streams get ``--shutdown-timeout`` seconds to finish.
 3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
    background tasks cancelled) and the process exits 0.

@@ -6,17 +6,17 @@ import pytest
 from support.helm_chart import render
 
 
-@pytest.mark.parametrize(("delay", "timeout"), [(5, 30), (0, 120)])
-def test_prestop_and_grace_period_follow_the_shutdown_values(delay: int, timeout: int) -> None:
-    out = render({"router": {"shutdownDelay": delay, "shutdownTimeout": timeout}})
+@pytest.mark.parametrize(("delay", "close", "timeout"), [(5, 2, 30), (0, 0, 120)])
+def test_prestop_and_grace_period_follow_the_shutdown_values(delay: int, close: int, timeout: int) -> None:
+    out = render({"router": {"shutdownDelay": delay, "closeDelay": close, "shutdownTimeout": timeout}})
     deployment = out.get("Deployment", "smg-router")
     pod = deployment["spec"]["template"]["spec"]
     router = pod["containers"][0]
     assert router["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(delay)]
     env = {e["name"]: e.get("value") for e in router["env"]}
     assert env["SMG_SHUTDOWN_TIMEOUT"] == str(timeout)
-    assert env["SMG_SHUTDOWN_DELAY"] == "0"  # the preStop hook already waited
-    assert pod["terminationGracePeriodSeconds"] == delay + timeout + 10
+    assert env["SMG_SHUTDOWN_DELAY"] == str(close)  # after preStop's wait: Connection: close answers only
+    assert pod["terminationGracePeriodSeconds"] == delay + close + timeout + 10
 
 
 def test_the_upstream_timeouts_reach_the_router() -> None:

@@ -28,6 +28,11 @@ async def _complete(s: aiohttp.ClientSession, url: str, *, stream: bool, max_tok
     return {"status": resp.status, "events": events}
 
 
+def _not_ready(router: Router) -> dict[str, Any] | None:
+    status, body = http_json("GET", router.url + "/readiness")
+    return body if status == 503 else None
+
+
 def _inflight(router: Router) -> int:
     return sum(w["load"]["inflight"] for w in router.workers())
 
@@ -42,8 +47,10 @@ async def test_requests_in_flight_across_sigterm_finish_and_the_router_exits_0(l
             await asyncio.to_thread(wait_until, lambda: _inflight(r) == 30, what="30 requests in flight")
             assert r.popen is not None
             r.popen.send_signal(signal.SIGTERM)
-            status, body = await asyncio.to_thread(http_json, "GET", r.url + "/readiness")
-            assert status == 503 and body["status"] == "shutting_down", body
+            # polled: the signal reaches the router's loop a moment after send_signal returns (a GET answered in
+            # between said ready once, in a CI-like run)
+            body = await asyncio.to_thread(wait_until, lambda: _not_ready(r), what="/readiness 503")
+            assert body["status"] == "shutting_down", body
             # still serving during the delay: the endpoints controller may not have removed the pod yet
             late = await _complete(s, r.url, stream=False, max_tokens=2)
             assert late["status"] == 200, late
@@ -86,6 +93,30 @@ async def test_a_stream_outlasting_the_shutdown_timeout_ends_with_an_error_event
             lambda: http_json("GET", sim.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
             what="the worker to drop the cut-off stream",
         )
+    finally:
+        r.stop()
+        sim.stop()
+
+
+async def test_after_sigterm_every_answer_closes_its_connection_so_clients_retire_pooled_ones(logs: Path) -> None:
+    sim = start_sim(logs)
+    r = start_router(logs, workers=[sim.url], args=["--shutdown-delay", "3", "--shutdown-timeout", "5"])
+    try:
+        r.wait_routable(1)
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(r.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200 and resp.headers.get("Connection", "").lower() != "close"
+            assert r.popen is not None
+            r.popen.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(
+                wait_until, lambda: http_json("GET", r.url + "/readiness")[0] == 503, what="not ready"
+            )
+            for method, path, payload in (("POST", "/v1/completions", body), ("GET", "/v1/models", None)):
+                async with s.request(method, r.url + path, json=payload) as resp:
+                    assert resp.status == 200, await resp.text()
+                    assert resp.headers.get("Connection", "").lower() == "close", (path, dict(resp.headers))
+        assert await asyncio.to_thread(r.popen.wait, 30) == 0, r.log()
     finally:
         r.stop()
         sim.stop()
