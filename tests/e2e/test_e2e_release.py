@@ -275,13 +275,6 @@ def test_sim_scaled_down_is_drained_and_removed_everywhere_then_up_registered(
     wait_until(lambda: _everywhere(release, sims), timeout=60, interval=1, what="the new sim registered everywhere")
 
 
-@pytest.mark.xfail(
-    reason="router: after SIGTERM it closes its keep-alive connections at once (SMG_SHUTDOWN_DELAY=0 in the chart, "
-    "preStop does the waiting), so a client that reuses one at that instant gets 'Server disconnected without "
-    "sending a response'; seen here 1-2 in ~20000 requests; answering with Connection: close while shutting down and "
-    "serving ~2 s after SIGTERM gave 0 (reported for the router owner)",
-    strict=False,
-)
 def test_rolling_restart_of_the_router_under_load_fails_no_request(release: Release, figures: dict[str, Any]) -> None:
     if not release.cluster.netns:
         pytest.skip(
