@@ -305,11 +305,8 @@ async def _reconcile_and_report(
     status, events = build_status(
         observed, generation=_meta(body).get("generation"), now=rt.kube.now_iso(), previous=previous
     )
-    status["staleRouters"] = [
-        {"pod": r.pod, "url": r.url, "namespace": r.namespace, "reachable": False, "registered": 0, "lastSync": now}
-        for r in stale
-        for now in (status["routers"][0]["lastSync"] if status["routers"] else rt.kube.now_iso(),)
-    ] or None
+    # no sync time: an entry that stays (its replica unreachable) must not make every pass a status write
+    status["staleRouters"] = [{"pod": r.pod, "url": r.url, "namespace": r.namespace} for r in stale] or None
     ready = status["conditions"][0]["status"] == "True"
     rt.metrics.reconciles.labels("ok" if ready else "degraded").inc()
     rt.metrics.registered.labels(f"{namespace}/{name}").set(status["registeredEndpoints"])

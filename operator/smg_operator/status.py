@@ -41,6 +41,14 @@ class RouterStatus(TypedDict):
     lastSync: str
 
 
+class StaleRouter(TypedDict):
+    """A former router replica that may still hold this SMGWorker's workers."""
+
+    pod: str
+    url: str
+    namespace: str
+
+
 class SMGWorkerStatus(TypedDict):
     """The ``status`` the operator writes (the CRD's status schema)."""
 
@@ -55,7 +63,7 @@ class SMGWorkerStatus(TypedDict):
     routers: list[RouterStatus]
     lastError: str | None
     """None, not "": in a merge patch null removes the field, and the API server reads "" as null too."""
-    staleRouters: NotRequired[list[RouterStatus] | None]
+    staleRouters: NotRequired[list[StaleRouter] | None]
     """Replicas that may still hold this SMGWorker's workers though they are no longer its routers (spec.router
     changed, or the Service stopped selecting them): cleaned by the next passes, then dropped; None when clean."""
 

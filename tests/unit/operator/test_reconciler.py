@@ -367,3 +367,34 @@ def test_a_service_event_pokes_only_the_smgworkers_routed_through_it(session: ai
     assert not rt.pokes[(NS, NAME)].is_set()
     rt.poke_service(NS, "smg-router")
     assert rt.pokes[(NS, NAME)].is_set()
+
+
+async def test_a_stale_replica_that_cannot_be_cleaned_yet_does_not_make_every_pass_a_status_write(
+    session: aiohttp.ClientSession,
+) -> None:
+    port = closed_port()
+    old = {"pod": "old-router", "url": f"http://127.0.0.3:{port}", "namespace": NS}
+    body: dict[str, Any] = {
+        "metadata": {"namespace": NS, "name": NAME, "uid": UID, "generation": 1},
+        "spec": SPEC,
+        "status": {"routers": [old]},
+    }
+    kube = FakeKube(body)
+    rt = runtime(
+        session,
+        kube,
+        reconcile_interval=0.01,
+        router_port=port,
+        allowed_router_services=frozenset({(NS, "smg-router")}),
+    )
+    pods = {NS: [router_pod(), PodInfo(**_pod_fields(name="old-router", ip="127.0.0.3", labels={}))]}
+    stopped = FakeStopped()
+    loop = asyncio.create_task(
+        keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=stopped, pods=pods, services=SERVICE),
+        name="test-reconcile-loop",
+    )
+    await until(lambda: reconciles(rt, "degraded") >= 5, what="five reconcile passes")
+    stopped.set()
+    await asyncio.wait_for(loop, timeout=30)
+    assert body["status"]["staleRouters"] == [old]  # tried every pass (unreachable), kept for the next
+    assert len(kube.patches) == 1, kube.patches
