@@ -26,6 +26,7 @@ from smg_operator.desired import (
     DesiredWorker,
     PodInfo,
     Replica,
+    RouterTarget,
     desired_workers,
     owned_ids,
     plan,
@@ -321,15 +322,20 @@ async def _reconcile_and_report(
     return last_write
 
 
-def _router_key(rt: Runtime, namespace: str, spec: Mapping[str, Any]) -> Key | None:
+def _target(rt: Runtime, namespace: str, spec: Mapping[str, Any]) -> RouterTarget | None:
+    """The SMGWorker's router Service, with the operator's defaults filled in."""
     s = rt.settings
-    target = router_target(
+    return router_target(
         namespace=namespace,
         spec=spec,
         default_service=s.router_service,
         default_namespace=s.router_namespace,
         default_port=s.router_port,
     )
+
+
+def _router_key(rt: Runtime, namespace: str, spec: Mapping[str, Any]) -> Key | None:
+    target = _target(rt, namespace, spec)
     return None if target is None else (target.namespace, target.service)
 
 
@@ -445,13 +451,7 @@ def find_replicas(
 ) -> tuple[list[Replica], tuple[str, str] | None]:
     """The router replicas of an SMGWorker, or why there are none (reason, message)."""
     s = rt.settings
-    target = router_target(
-        namespace=namespace,
-        spec=spec,
-        default_service=s.router_service,
-        default_namespace=s.router_namespace,
-        default_port=s.router_port,
-    )
+    target = _target(rt, namespace, spec)
     if target is None:
         return [], ("NoRouterService", "spec.router.service is not set and smg-operator has no --router-service")
     key = (target.namespace, target.service)
