@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -422,6 +423,12 @@ def test_prometheus_scrapes_the_routers_found_through_the_api_server(
         discovery.__enter__()
         forward = release.connect("ip/127.0.0.1", port)
         prom = Prometheus(proc=None, url=forward.url)  # type: ignore[arg-type]  # only its queries are used
+
+        def prometheus_ready() -> bool:  # a starting Prometheus answers its API with a plain-text 503
+            with urllib.request.urlopen(forward.url + "/-/ready", timeout=2) as resp:
+                return resp.status == 200
+
+        wait_until(prometheus_ready, timeout=60, interval=1, what="prometheus /-/ready")
 
         def routers_up() -> bool:
             targets = prom.get("/api/v1/targets")["data"]["activeTargets"]
