@@ -43,7 +43,14 @@ def test_the_operator_metrics_count_hook_calls_reconciles_and_registered_workers
         timeout=SETTLE,
         what="smg_operator_registered_workers 1",
     )
-    assert metric_value(operator.metrics(), "smg_operator_hook_calls_total", hook="remove", result="ok") == 2
+    # removals run in the background (a drain never blocks the pass), so the gauge may drop before they answer
+    removals = {"hook": "remove", "result": "ok"}
+    wait_for(
+        lambda: metric_value(operator.metrics(), "smg_operator_hook_calls_total", **removals) >= 2,
+        timeout=SETTLE,
+        what="one removal per router replica",
+    )
+    assert metric_value(operator.metrics(), "smg_operator_hook_calls_total", **removals) == 2
 
     kube.call("DELETE", kube.smgw_path("llama"))
     wait_for(lambda: kube.smgworker("llama") is None, timeout=SETTLE, what="the SMGWorker gone")
