@@ -1,10 +1,11 @@
 """The only module that calls the Kubernetes API directly (kopf does the watching).
 
-Status patches, Events and the leader-election Lease, through the official ``kubernetes`` client (sync,
-run in a thread).  Every call carries ``_request_timeout`` and the client makes no retries of its own, so a
-call ends within the request timeout whatever the network does.  Status patches and Events are writes: they
-go through the leadership ``Gate`` and are refused once this replica stops leading.  Races a real API server
-shows are tolerated here: an object deleted while we patch it is a 404 to ignore, not a crash.
+Status patches, Events, the leader-election Lease and the uninstall hook's sweep of SMGWorkers, through the
+official ``kubernetes`` client (sync, run in a thread).  Every call carries ``_request_timeout`` and the client
+makes no retries of its own, so a call ends within the request timeout whatever the network does.  Status
+patches and Events are writes: they go through the leadership ``Gate`` and are refused once this replica stops
+leading.  Races a real API server shows are tolerated here: an object deleted while we patch it is a 404 to
+ignore, not a crash.
 """
 
 from __future__ import annotations
@@ -165,3 +166,32 @@ class LeaseStore:
                 return False
             raise
         return True
+
+
+class SMGWorkerSweep:
+    """Deletes the SMGWorkers a label selector picks in one namespace and tells which are still there (the
+    chart's pre-delete hook, ``smg_operator.uninstall``); sync, each call within ``timeout`` s."""
+
+    def __init__(self, *, namespace: str, selector: str, timeout: float) -> None:
+        self.namespace, self.selector, self._timeout = namespace, selector, timeout
+        self._api = client.CustomObjectsApi()
+
+    def names(self) -> list[str]:
+        listed = self._api.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, label_selector=self.selector, _request_timeout=self._timeout
+        )
+        assert isinstance(listed, dict)  # the client's JSON of a list: {"items": [...], ...}
+        return sorted(item["metadata"]["name"] for item in listed["items"])
+
+    def delete(self) -> list[str]:
+        """Asks for the deletion of every match (the operator's finalizer then deregisters it); returns their names."""
+        names = self.names()
+        for name in names:
+            try:
+                self._api.delete_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=self._timeout
+                )
+            except ApiException as e:
+                if e.status != 404:  # already gone: what we asked for
+                    raise
+        return names

@@ -4,6 +4,8 @@ The calls (the operator's fixed interface): pods and services get/list/watch; sm
 patch/update, smgworkers/status get/patch/update, smgworkers/finalizers update; events create/patch (core
 and events.k8s.io); leases get/create/update/patch only with leader election; and for kopf's discovery, even
 when it watches one namespace, customresourcedefinitions and namespaces list/watch (cluster-scoped).
+The pre-delete hook ``smg-operator-uninstall`` runs under a ServiceAccount of its own: smgworkers list/delete in
+the release namespace, and nothing else.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ DISCOVERY = grants(
     ("", "namespaces", "list watch"),
 )
 LEASES = grants(("coordination.k8s.io", "leases", "get create update patch"))
+UNINSTALL = grants(("smg.dev", "smgworkers", "list delete"))
 OPERATOR_SA = {"kind": "ServiceAccount", "name": "smg-operator", "namespace": NAMESPACE}
+UNINSTALL_SA = {"kind": "ServiceAccount", "name": "smg-operator-uninstall", "namespace": NAMESPACE}
+HOOK = {
+    "helm.sh/hook": "pre-delete",
+    "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+}
 
 
 def rule_grants(role: dict) -> set[Grant]:
@@ -52,13 +60,16 @@ def rule_grants(role: dict) -> set[Grant]:
     return out
 
 
-def bound_grants(r: Rendered) -> dict[tuple[str, str], set[Grant]]:
-    """What the operator's ServiceAccount may do: (scope, namespace) → grants, through the rendered bindings."""
+def bound_grants(r: Rendered, sa: dict[str, str] = OPERATOR_SA) -> dict[tuple[str, str], set[Grant]]:
+    """What ``sa`` may do: (scope, namespace) → grants, through the rendered bindings.  Every binding names the
+    operator's ServiceAccount or the uninstall hook's, never anybody else."""
     roles = {("Role", o["metadata"]["namespace"], o["metadata"]["name"]): o for o in r.of_kind("Role")}
     roles |= {("ClusterRole", "", o["metadata"]["name"]): o for o in r.of_kind("ClusterRole")}
     out: dict[tuple[str, str], set[Grant]] = defaultdict(set)
     for binding in r.of_kind("RoleBinding") + r.of_kind("ClusterRoleBinding"):
-        assert binding["subjects"] == [OPERATOR_SA], binding
+        assert binding["subjects"] in ([OPERATOR_SA], [UNINSTALL_SA]), binding
+        if binding["subjects"] != [sa]:
+            continue
         ref = binding["roleRef"]
         assert ref["apiGroup"] == "rbac.authorization.k8s.io"
         cluster = binding["kind"] == "ClusterRoleBinding"
@@ -98,7 +109,7 @@ def test_leader_election_adds_leases_only_with_more_than_one_replica() -> None:
 
 def test_cluster_wide_rbac() -> None:
     r = render({"operator": {"clusterWide": True}})
-    assert not r.of_kind("Role") and not r.of_kind("RoleBinding")
+    assert not [o for o in r.of_kind("Role") + r.of_kind("RoleBinding") if "uninstall" not in o["metadata"]["name"]]
     assert bound_grants(r) == {("cluster", ""): NAMESPACED | DISCOVERY}
     ha = render({"operator": {"clusterWide": True, "replicas": 3}})
     assert bound_grants(ha) == {("cluster", ""): NAMESPACED | DISCOVERY, ("namespace", NAMESPACE): LEASES}
@@ -124,6 +135,50 @@ def test_union_of_grants_is_exactly_the_operator_calls() -> None:
         for granted in bound_grants(render(values)).values():
             everything |= granted
     assert everything == NAMESPACED | DISCOVERY | LEASES
+
+
+@pytest.mark.parametrize("values", [{}, {"operator": {"clusterWide": True, "replicas": 2}}])
+def test_uninstall_hook_may_only_list_and_delete_smgworkers_of_the_release_namespace(values: dict) -> None:
+    r = render(values)
+    assert bound_grants(r, UNINSTALL_SA) == {("namespace", NAMESPACE): UNINSTALL}
+    hook_objects = [o for o in r.objects if o["metadata"].get("annotations", {}).get("helm.sh/hook")]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in hook_objects) == [
+        ("Job", "smg-operator-uninstall"),
+        ("Role", "smg-operator-uninstall"),
+        ("RoleBinding", "smg-operator-uninstall"),
+        ("ServiceAccount", "smg-operator-uninstall"),
+    ]
+    for o in hook_objects:  # every one removed after success, and replaced by a rerun's
+        assert HOOK.items() <= o["metadata"]["annotations"].items(), o["metadata"]
+    weight = {o["kind"]: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for o in hook_objects}
+    assert max(weight[k] for k in ("ServiceAccount", "Role", "RoleBinding")) < weight["Job"]  # RBAC first
+    pod = r.get("Job", "smg-operator-uninstall")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "smg-operator-uninstall" and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["command"] == ["smg-operator-uninstall"]
+    assert container["args"] == [
+        "--namespace",
+        NAMESPACE,
+        "--selector",
+        "app.kubernetes.io/instance=smg,app.kubernetes.io/managed-by=Helm",
+        "--timeout",
+        "240",
+    ]
+    # the selector picks exactly the release's SMGWorkers (from values and the sim fleet)
+    extra = {"role": "regular", "model": "m", "selector": {"matchLabels": {"app": "m"}}, "port": 8000}
+    with_sim = render({**values, "sim": {"enabled": True}, "smgWorkers": [{"name": "extra", "spec": extra}]})
+    picked = [
+        o["metadata"]["name"]
+        for o in with_sim.of_kind("SMGWorker")
+        if o["metadata"]["labels"].get("app.kubernetes.io/instance") == "smg"
+        and o["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "Helm"
+    ]
+    assert len(picked) == len(with_sim.of_kind("SMGWorker")) >= 2, picked
+
+
+def test_uninstall_hook_can_be_turned_off() -> None:
+    r = render({"operator": {"uninstallHook": {"enabled": False}}})
+    assert not [o for o in r.objects if "uninstall" in o["metadata"]["name"]]
 
 
 @pytest.mark.parametrize("values", [{}, {"operator": {"clusterWide": True}}])

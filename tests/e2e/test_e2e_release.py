@@ -505,13 +505,6 @@ def test_helm_upgrade_keeps_the_admin_token(release: Release) -> None:
     wait_until(lambda: _everywhere(release, sims), timeout=60, interval=1, what="the SMGWorker back everywhere")
 
 
-@pytest.mark.xfail(
-    reason="chart: helm uninstall deletes the operator, its Role/RoleBinding and the SMGWorker at once; the "
-    "operator's deregister handler succeeds, but its status patch and Event are already 403 Forbidden and "
-    "smg.dev/finalizer is never removed, so the SMGWorker stays Terminating (seen here; needs e.g. a pre-delete "
-    "hook that deletes the release's SMGWorkers while the operator and its RBAC still exist)",
-    strict=True,
-)
 def test_helm_uninstall_leaves_nothing_behind(release: Release) -> None:
     for forward in release.forwards:
         forward.stop()

@@ -4,6 +4,8 @@ run; a real ``helm install`` / ``helm upgrade`` (the Helm SDK's actions, server-
 operator runs with nothing but the chart's own ServiceAccount and RBAC (a token bound to that ServiceAccount).
 
 The server has no controllers or kubelet: installed Deployments make no pods, which is all these tests need.
+No Job runs either, so the releases here turn the pre-delete hook off (``tests/e2e`` runs it in a real
+cluster); its RBAC is checked here by running ``smg-operator-uninstall`` with the hook's own ServiceAccount.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +30,8 @@ from support.procs import wait_until
 
 NS = "smg"  # the release namespace the chart renders for
 CHECKSUM = "checksum/admin-token"
+NO_JOBS = {"uninstallHook": {"enabled": False}}
+"""Operator values of every release here: a pre-delete hook Job would never finish without a kubelet."""
 DRY_RUN_CONFIGS = {
     "defaults": {},
     "regular": example_values("regular"),
@@ -81,12 +88,12 @@ class Release:
 
     def install(self, values: dict[str, Any]) -> dict[str, Any]:
         with helm.Chart.load(CHART) as chart:
-            return self.config.install(chart, self.name, values, namespace=self.namespace, timeout=60)
+            return self.config.install(chart, self.name, no_jobs(values), namespace=self.namespace, timeout=60)
 
     def upgrade(self, values: dict[str, Any], *, reuse_values: bool = False) -> dict[str, Any]:
         with helm.Chart.load(CHART) as chart:
             return self.config.upgrade(
-                chart, self.name, values, namespace=self.namespace, timeout=60, reuse_values=reuse_values
+                chart, self.name, no_jobs(values), namespace=self.namespace, timeout=60, reuse_values=reuse_values
             )
 
     def uninstall(self) -> None:
@@ -109,6 +116,10 @@ class Release:
 
     def secret_data(self, name: str, key: str) -> str:
         return self.cp.api("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")["data"][key]
+
+
+def no_jobs(values: dict[str, Any]) -> dict[str, Any]:
+    return {**values, "operator": {**values.get("operator", {}), **NO_JOBS}}
 
 
 def sha256(text: str) -> str:
@@ -251,3 +262,39 @@ def test_operator_does_its_whole_job_with_the_charts_rbac(chart_env: Env) -> Non
     log = e.operator.proc.log()
     messages = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", "", log, flags=re.M)  # a ",403" ms is no 403
     assert "403" not in messages and "Forbidden" not in log and "forbidden" not in log, log[-3000:]
+
+
+def test_the_uninstall_hook_works_with_nothing_but_its_own_service_account(chart_env: Env) -> None:
+    """``smg-operator-uninstall`` under the hook's ServiceAccount (list and delete SMGWorkers, nothing else):
+    the release's SMGWorkers deleted and released by the operator, another one left alone."""
+    e = chart_env
+    rendered = render(namespace=NS)
+    job = rendered.get("Job", "smg-operator-uninstall")["spec"]["template"]["spec"]
+    token = e.cp.service_account_token(NS, job["serviceAccountName"])
+    release_labels = {"app.kubernetes.io/instance": "smg", "app.kubernetes.io/managed-by": "Helm"}
+    sim = e.add_worker_pod("w-hook", {"app": "hook"})
+    for name, labels, selects in (("released", release_labels, "hook"), ("kept", {}, "nobody")):
+        obj = json.loads(pool(name, {"app": selects}, port=e.worker_port, router_port=e.router_port))
+        obj["metadata"]["labels"] = labels
+        e.cp.apply_yaml(json.dumps(obj), NS)
+    wait_until(lambda: sim.url in e.urls("router-0"), timeout=SETTLE, what="the hook's pool registered")
+    args = job["containers"][0]["args"]
+    assert args[: args.index("--timeout")] == [
+        "--namespace",
+        NS,
+        "--selector",
+        ",".join(f"{k}={v}" for k, v in release_labels.items()),
+    ]
+    env = {**os.environ, "KUBECONFIG": str(e.cp.kubeconfig_for_token(token)), "KUBERNETES_SERVICE_HOST": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "smg_operator.uninstall", *args[: args.index("--timeout")], "--timeout", str(SETTLE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SETTLE + 30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Forbidden" not in done.stderr and "403" not in done.stderr, done.stderr
+    assert e.smgw("released") is None and e.smgw("kept") is not None
+    assert sim.url not in e.urls("router-0")  # deregistered before its finalizer went
+    e.cp.kubectl("delete", "smgw", "kept", "-n", NS, "--wait=true")
