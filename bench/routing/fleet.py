@@ -1,0 +1,183 @@
+"""The processes of the routing benchmark: smg-sim workers and router replicas, on loopback, stopped by PID.
+
+Reuses ``tests/support/procs.py`` (``Proc`` logs to a file, starts its own session and is stopped by its own
+PID).  Workers each get their own 127.0.0.x address, like pods; router replicas listen on 127.0.0.1.  All the
+replicas of one cell are launched before any is waited for, so eight replicas start about as fast as one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from capacity import CostModel
+from support.procs import Proc, Router, Sim, free_port, http_json, next_host
+from workloads import MODEL
+
+ROOT = Path(__file__).resolve().parents[2]
+SMG_LOAD_MONITOR_S = 1.0
+"""smg-router's default ``--load-monitor-interval``; scaled by ``--time-scale`` (see ``router_argv``)."""
+RUST_LOAD_MONITOR_S = 10.0
+"""The Rust smg's default ``--load-monitor-interval`` (its help: used by power_of_two)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13)."""
+
+    kind: str
+    policy: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.policy}"
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        kind, sep, policy = text.partition(":")
+        if not sep or kind not in ("smg", "rust") or not policy:
+            raise ValueError(f"target {text!r}: expected smg:<policy> or rust:<policy>")
+        return cls(kind, policy)
+
+
+def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``check`` until it is true; connection errors count as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, urllib.error.URLError, KeyError, TypeError):
+            pass
+        time.sleep(interval)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float) -> list[Sim]:
+    """``count`` smg-sim workers with the cost model's flags, each on its own loopback address."""
+    sims: list[Sim] = []
+    try:
+        for _ in range(count):
+            host = next_host()
+            port = free_port(host)
+            args = [
+                *(sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL),
+                *("--time-scale", str(time_scale), "--kv-capacity", str(cost.kv_capacity)),
+                *("--max-running", str(cost.max_running), "--prefill-tps", str(cost.prefill_tps)),
+                *("--decode-step-ms", str(cost.decode_step_ms)),
+                *("--decode-step-ms-per-req", str(cost.decode_step_ms_per_req), "--log-level", "warning"),
+            ]
+            name = f"sim-{host}-{port}"
+            sim = Sim(name=name, args=args, log_path=logs / f"{name}.log", host=host, port=port)
+            sim.start()
+            sims.append(sim)
+        for sim in sims:
+            wait_for(partial(_healthy, sim), timeout=30, what=sim.url)
+    except BaseException:
+        stop_all(sims)
+        raise
+    return sims
+
+
+def _healthy(sim: Sim) -> bool:
+    return sim.alive() and http_json("GET", sim.url + "/health", timeout=1)[0] == 200
+
+
+def router_code(commit: str | None, workdir: Path) -> Path | None:
+    """The directory to put first on PYTHONPATH to run smg-router of ``commit`` (None: the installed tree)."""
+    if commit is None:
+        return None
+    sha = subprocess.run(
+        ["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    target = workdir / f"router-{sha[:12]}"
+    if not target.exists():
+        target.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", sha, "router"], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target / "router"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How to start the replicas of one target."""
+
+    target: Target
+    workers: Sequence[str]
+    time_scale: float
+    smg_args: Sequence[str] = ()
+    rust_args: Sequence[str] = ()
+    rust_bin: str = "/tmp/smg-rust/bin/smg"
+    router_pythonpath: Path | None = None
+
+    def argv(self, port: int) -> list[str]:
+        """The command line of one replica.  The load poll interval keeps its ratio to simulated time."""
+        t = self.target
+        if t.kind == "smg":
+            return [
+                *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
+                *("--policy", t.policy, "--log-level", "warning", "--shutdown-delay", "0"),
+                *("--load-monitor-interval", f"{max(0.05, SMG_LOAD_MONITOR_S * self.time_scale):g}"),
+                *("--worker-urls", *self.workers),
+                *self.smg_args,
+            ]
+        return [
+            *(self.rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port)),
+            *("--policy", t.policy, "--log-level", "warn"),
+            *("--load-monitor-interval", str(max(1, round(RUST_LOAD_MONITOR_S * self.time_scale)))),
+            *("--worker-urls", *self.workers),
+            *self.rust_args,
+        ]
+
+    def env(self) -> dict[str, str]:
+        if self.target.kind == "smg" and self.router_pythonpath is not None:
+            return {"PYTHONPATH": os.pathsep.join([str(self.router_pythonpath), os.environ.get("PYTHONPATH", "")])}
+        return {}
+
+    def ready_or_dead(self, router: Router) -> bool:
+        """Every worker is routable on this replica (or it exited: no use waiting)."""
+        if not router.alive():
+            return True
+        if self.target.kind == "smg":
+            status, body = http_json("GET", router.url + "/workers", timeout=1)
+            return status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == len(self.workers)
+        status, body = http_json("GET", router.url + "/readiness", timeout=1)
+        return status == 200 and body.get("healthy_workers") == len(self.workers)
+
+
+def start_replicas(logs: Path, launch: Launch, *, count: int, tag: str) -> list[Router]:
+    """``count`` replicas of ``launch.target``, each in front of every worker, all ready."""
+    routers: list[Router] = []
+    try:
+        for i in range(count):
+            port = free_port("127.0.0.1")
+            name = f"{tag}-r{i}-{port}".replace(":", "-")
+            router = Router(
+                name=name, args=launch.argv(port), log_path=logs / f"{name}.log", env=launch.env(), port=port
+            )
+            router.start()
+            routers.append(router)
+        for r in routers:
+            wait_for(partial(launch.ready_or_dead, r), timeout=60, what=f"{launch.target.name} {r.url}")
+            if not r.alive():
+                raise RuntimeError(f"{launch.target.name} replica exited:\n{r.log()[-2000:]}")
+    except BaseException:
+        stop_all(routers, kill=True)
+        raise
+    return routers
+
+
+def stop_all(procs: Sequence[Proc], *, kill: bool = False) -> None:
+    """Stop every process by its own PID (SIGKILL for routers: they hold nothing worth a graceful exit)."""
+    for p in procs:
+        try:
+            p.kill() if kill else p.stop()
+        except Exception as e:
+            print(f"warning: could not stop {p.name}: {e}", file=sys.stderr)
