@@ -1,0 +1,83 @@
+"""Self-checks of the benchmark's pure parts (not in the default test run: ``pytest bench/routing``)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from capacity import CostModel, fleet_capacity
+from oracle import common_prefix_len, oracle_cached
+from workloads import WORKLOADS, arrivals, build, sim_answer
+
+
+def _naive_lcp(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_common_prefix_len_matches_a_character_loop() -> None:
+    rng = random.Random(3)
+    for _ in range(2000):
+        a = "".join(rng.choice("ab") for _ in range(rng.randrange(12)))
+        b = "".join(rng.choice("ab") for _ in range(rng.randrange(12)))
+        assert common_prefix_len(a, b) == _naive_lcp(a, b), (a, b)
+
+
+def test_oracle_matches_the_best_earlier_sequence_by_brute_force() -> None:
+    rng = random.Random(4)
+    for _ in range(200):
+        seq = [
+            ("".join(rng.choice("abc") for _ in range(rng.randrange(1, 10))), rng.choice(["", "a", "bc"]))
+            for _ in range(rng.randrange(1, 12))
+        ]
+        want = [
+            min(max((_naive_lcp(p, q + ans) for q, ans in seq[:i]), default=0), len(p) - 1)
+            for i, (p, _) in enumerate(seq)
+        ]
+        assert oracle_cached(seq) == want, seq
+
+
+def test_shared_prefix_oracle_is_every_request_but_each_groups_first_hitting_its_prefix() -> None:
+    w = build("shared_prefix", 1)
+    cached = oracle_cached((r.prompt, r.answer) for r in w.requests)
+    first_of_group: set[str] = set()
+    for r, c in zip(w.requests, cached, strict=True):
+        head = r.prompt[:2000]
+        if head in first_of_group:
+            assert c >= 2000
+        else:
+            first_of_group.add(head)
+            assert c < 2000
+    assert len(first_of_group) == 12
+
+
+def test_a_chat_turn_resends_the_previous_turn_and_its_answer() -> None:
+    w = build("multi_turn", 1)
+    by_index = {r.index: r for r in w.requests}
+    follow_ups = [r for r in w.requests if r.after is not None]
+    assert follow_ups
+    for r in follow_ups:
+        prev = by_index[r.after] if r.after is not None else None
+        assert prev is not None and r.prompt.startswith(prev.prompt + prev.answer)
+        assert prev.answer == sim_answer(prev.prompt, prev.max_tokens)
+
+
+def test_arrivals_keep_the_mean_rate_with_or_without_bursts() -> None:
+    for name in WORKLOADS:
+        w = build(name, 1)
+        spans = [arrivals(w, 10.0, random.Random(s))[-1] for s in range(200)]
+        rate = len(w.requests) / (sum(spans) / len(spans))
+        assert 9.0 < rate < 11.0, (name, rate)
+
+
+def test_capacity_is_slower_cold_than_with_the_cache() -> None:
+    cost = CostModel(kv_capacity=7000)
+    cold = fleet_capacity(cost, workers=4, prompts=[2062], uncached=[2062], max_tokens=[16])
+    warm = fleet_capacity(cost, workers=4, prompts=[2062], uncached=[62], max_tokens=[16])
+    assert cost.batch(2078) == 3
+    assert 6.0 < cold < 7.0 and warm > 4 * cold
