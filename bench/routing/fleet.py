@@ -131,6 +131,8 @@ class Launch:
         return [
             *(self.rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", t.policy, "--log-level", "warn"),
+            # its metrics server binds 0.0.0.0:29000 by default: one per replica, on loopback
+            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port("127.0.0.1"))),
             *("--load-monitor-interval", str(max(1, round(RUST_LOAD_MONITOR_S * self.time_scale)))),
             *("--worker-urls", *self.workers),
             *self.rust_args,

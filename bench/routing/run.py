@@ -22,10 +22,12 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +125,41 @@ def _capacity(workload: Workload, cost: CostModel, *, workers: int, basis: str) 
     )
 
 
-def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path | None) -> list[dict[str, Any]]:
+class Results:
+    """The run's JSON, rewritten after every cell so an interrupted run keeps what it measured."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.path: Path = a.out
+        self.started = time.time()
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "targets"}
+        self.doc: dict[str, Any] = {
+            "command": " ".join(sys.argv),
+            "head": _git("rev-parse", "HEAD"),
+            "router_commit": _git("rev-parse", a.router_commit) if a.router_commit else "working tree",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+            "settings": settings | {"targets": [t.name for t in a.targets]},
+            "workloads": {},
+            "rows": [],
+            "failures": [],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.doc["rows"]
+        return rows
+
+    def save(self) -> None:
+        self.doc["seconds"] = time.time() - self.started
+        self.path.write_text(json.dumps(self.doc, indent=1))
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path | None, results: Results) -> None:
+    """Every cell of workload ``name``: one fleet of workers, fresh routers per cell."""
     workload = build(name, a.seed)
     cost = CostModel(
         prefill_tps=a.prefill_tps,
@@ -135,13 +171,21 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
     capacity = _capacity(workload, cost, workers=a.workers, basis=a.capacity_basis)
     plan_oracle = oracle_cached((r.prompt, r.answer) for r in workload.requests)
     plan_share = sum(plan_oracle) / sum(len(r.prompt) for r in workload.requests)
+    results.doc["workloads"][name] = {
+        "description": workload.description,
+        "requests": len(workload.requests),
+        "workers": a.workers,
+        "cost_model": asdict(cost),
+        "capacity_basis": a.capacity_basis,
+        "capacity_rps": capacity,
+        "plan_oracle_share": plan_share,
+    }
     print(
         f"# {name}: {workload.description}; {len(workload.requests)} requests, {a.workers} workers x "
         f"{cost.kv_capacity} KV tokens; capacity ({a.capacity_basis}) {capacity:.2f} req/s simulated; "
         f"oracle {plan_share:.3f}",
         file=sys.stderr,
     )
-    rows: list[dict[str, Any]] = []
     sims = start_sims(logs, count=a.workers, cost=cost, time_scale=a.time_scale)
     try:
         workers = [s.url for s in sims]
@@ -153,7 +197,7 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                     if target.kind == "rust" and not os.access(a.rust_bin, os.X_OK):
                         print(f"skip {target.name}: no {a.rust_bin}", file=sys.stderr)
                         continue
-                    _flush(sims)
+                    cell = {"workload": name, "target": target.name, "replicas": replicas, "load": load}
                     launch = Launch(
                         target=target,
                         workers=workers,
@@ -163,7 +207,14 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                         rust_bin=a.rust_bin,
                         router_pythonpath=router_path,
                     )
-                    routers = start_replicas(logs, launch, count=replicas, tag=f"{name}-{target.name}-{replicas}")
+                    _flush(sims)
+                    try:
+                        routers = start_replicas(logs, launch, count=replicas, tag=f"{name}-{target.name}-{replicas}")
+                    except RuntimeError as e:
+                        print(f"FAILED {cell}: {e}", file=sys.stderr)
+                        results.doc["failures"].append({**cell, "error": str(e)[-2000:]})
+                        results.save()
+                        continue
                     try:
                         t0 = time.monotonic()
                         outcomes, samples, _ = asyncio.run(
@@ -182,16 +233,8 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                     metrics = summarise(
                         workload.requests, outcomes, samples, time_scale=a.time_scale, workers=a.workers
                     )
-                    row = {
-                        "workload": name,
-                        "target": target.name,
-                        "replicas": replicas,
-                        "load": load,
-                        "offered_rps": load * capacity,
-                        "wall_s": wall,
-                        "metrics": metrics,
-                    }
-                    rows.append(row)
+                    results.rows.append({**cell, "offered_rps": load * capacity, "wall_s": wall, "metrics": metrics})
+                    results.save()
                     t = metrics["ttft_ms"]
                     print(
                         f"{name} {target.name} x{replicas} load {load:.2f}: cached {metrics['cached_share']:.3f} "
@@ -202,40 +245,31 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                     )
     finally:
         stop_all(sims)
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    started = time.time()
+    results = Results(a)
     with tempfile.TemporaryDirectory(prefix="routing-bench-") as tmp:
         logs = a.keep_logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
         router_path = router_code(a.router_commit, Path(tmp))
-        rows: list[dict[str, Any]] = []
         for name in a.workload:
-            rows += run_workload(a, name, logs, router_path)
-    result = {
-        "command": " ".join(sys.argv),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "seconds": time.time() - started,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "targets"}
-        | {"targets": [t.name for t in a.targets]},
-        "rows": rows,
-    }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1))
-    print(markdown(rows))
-    print(pivot(rows))
+            run_workload(a, name, logs, router_path, results)
+    results.save()
+    print(markdown(results.rows))
+    print(pivot(results.rows))
+    for f in results.doc["failures"]:
+        print(f"\nFAILED: {f['workload']} {f['target']} x{f['replicas']} load {f['load']}: {f['error'][-300:]}")
     print(f"\nJSON: {a.out}")
     try:
         from plot import plot_all
     except ImportError as e:
         print(f"no plots ({e}); install matplotlib to get them", file=sys.stderr)
     else:
-        for path in plot_all(result, a.plots or a.out.parent):
+        for path in plot_all(results.doc, a.plots or a.out.parent):
             print(f"plot: {path}")
-    return 0
+    return 1 if results.doc["failures"] else 0
 
 
 if __name__ == "__main__":
