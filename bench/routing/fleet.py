@@ -140,7 +140,8 @@ class Launch:
 
     def env(self) -> dict[str, str]:
         if self.target.kind == "smg" and self.router_pythonpath is not None:
-            return {"PYTHONPATH": os.pathsep.join([str(self.router_pythonpath), os.environ.get("PYTHONPATH", "")])}
+            paths = [str(self.router_pythonpath), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+            return {"PYTHONPATH": os.pathsep.join(paths)}
         return {}
 
     def ready_or_dead(self, router: Router) -> bool:
