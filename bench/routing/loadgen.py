@@ -131,6 +131,8 @@ async def drive(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         sampler = asyncio.create_task(_sample(session, workers, samples, sample_interval), name="load-sampler")
         finished: dict[int, asyncio.Event] = {r.index: asyncio.Event() for r in plan}
+        if len(finished) != len(plan):
+            raise ValueError("the plan's request indices are not unique")
 
         async def run(i: int, req: PlannedRequest) -> None:
             try:

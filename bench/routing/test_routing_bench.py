@@ -67,6 +67,11 @@ def test_a_chat_turn_resends_the_previous_turn_and_its_answer() -> None:
         assert prev.answer == sim_answer(prev.prompt, prev.max_tokens)
 
 
+def test_every_request_of_a_plan_has_its_position_as_index() -> None:
+    for name in WORKLOADS:
+        assert [r.index for r in build(name, 1).requests] == list(range(len(build(name, 1).requests))), name
+
+
 def test_arrivals_keep_the_mean_rate_with_or_without_bursts() -> None:
     for name in WORKLOADS:
         w = build(name, 1)

@@ -162,7 +162,8 @@ def bursty(
     rng.shuffle(events)
     reqs: list[PlannedRequest] = []
     for e, prompts in enumerate(events):
-        reqs += [_completion(len(reqs), p, 16, e) for p in prompts]
+        base = len(reqs)
+        reqs += [_completion(base + k, p, 16, e) for k, p in enumerate(prompts)]
     return Workload(
         "bursty",
         f"{groups * bursts_per_group} bursts of {burst_size} on {groups} prefixes of {prefix_chars} chars"
