@@ -176,7 +176,7 @@ def bursty(
 def multi_turn(
     rng: random.Random,
     *,
-    sessions: int = 12,
+    sessions: int = 24,
     turns: int = 6,
     system_chars: int = 400,
     first_chars: int = 300,
@@ -201,7 +201,7 @@ def multi_turn(
         history[s] = [*msgs, ("assistant", answer)]
         last[s] = i
     return Workload(
-        "multi_turn", f"{sessions} chat sessions x {turns} turns, shared system prompt", tuple(reqs), kv_capacity=12000
+        "multi_turn", f"{sessions} chat sessions x {turns} turns, shared system prompt", tuple(reqs), kv_capacity=24000
     )
 
 
