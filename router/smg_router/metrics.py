@@ -72,6 +72,13 @@ class Metrics:
         self.cache_misses = Counter(
             "smg_cache_tree_misses", "Cache-aware decisions below the match threshold", ("model", "role"), registry=r
         )
+        self.decisions = Counter(
+            "smg_routing_decisions",
+            "Cache-aware decisions by branch: hit (a holder of the deepest match), miss (placed by rendezvous "
+            "hashing), spill (every holder over the load gate; placed by rendezvous among the others)",
+            ("model", "role", "branch"),
+            registry=r,
+        )
         self.fallbacks = Counter(
             "smg_routing_fallbacks",
             "Decisions that did not follow the policy's main rule",

@@ -9,8 +9,9 @@ clients send.  The same count is what a graceful shutdown waits for (``Admission
 Parsing reads the model, whether it streams, and the routing text: the whole prompt as the engine will
 see it (every chat message in order with its role, not only the first; the completion prompt;
 ``/generate``'s ``text`` or ``input_ids``).  Token ids become one character each, so prefixes of token
-lists are prefixes of the text.  The record satisfies ``policies.base.RouteRequest`` (``model``,
-``text``), so policies read it without seeing HTTP.
+lists are prefixes of the text.  Requests in a cache namespace of their own (``cache_salt``, a LoRA
+adapter, ``extra_key``: ``NAMESPACE_FIELDS``) get a marker before the prompt.  The record satisfies
+``policies.base.RouteRequest`` (``model``, ``text``), so policies read it without seeing HTTP.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ProxyRequest:
     """The ``model`` field as the client sent it (None when absent)."""
     stream: bool
     text: str
-    """The routing text (the whole prompt)."""
+    """The routing text: the whole prompt, after the cache namespace marker if it has one."""
     body: dict[str, Any]
     """The parsed body (PD mode adds the bootstrap fields to it)."""
     raw: bytes
@@ -118,6 +119,16 @@ def generate_text(body: dict[str, Any]) -> str:
 
 
 TEXT_OF = {"chat": chat_text, "completions": completion_text, "generate": generate_text}
+NAMESPACE_FIELDS = ("cache_salt", "lora_path", "lora_name", "extra_key")
+"""Body fields that give a request a KV cache of its own on the engine (vLLM's ``cache_salt``, SGLang's
+``lora_path`` and ``extra_key``, a LoRA adapter): requests that differ in them never share cached prefixes."""
+
+
+def cache_namespace(body: dict[str, Any]) -> str:
+    """The routing text's namespace marker ("" for none): ``\x00field=value;...\x00`` before the prompt, so
+    two namespaces never match each other's prefixes in the tree, and a new one is placed on its own."""
+    parts = [f"{k}={v!r}" for k in NAMESPACE_FIELDS if (v := body.get(k)) not in (None, "", [])]
+    return f"\x00{';'.join(parts)}\x00" if parts else ""
 
 
 def parse_request(
@@ -136,7 +147,7 @@ def parse_request(
         endpoint=ENDPOINTS[kind],
         requested_model=model,
         stream=stream is True,
-        text=TEXT_OF[kind](body),
+        text=cache_namespace(body) + TEXT_OF[kind](body),
         body=body,
         raw=raw,
         headers=forwarded,

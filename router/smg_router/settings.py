@@ -43,6 +43,20 @@ class PolicySettings:
     A char costs 2-40 bytes (long shared prompts to short unique ones; over 150 when many workers hold
     every node), so a cap in chars alone does not bound memory.  256 MiB fits the chart's 1 GiB limit beside the
     request bodies (--max-inflight-bytes 128 MiB, ~4x that while parsed) and the runtime (~100 MiB)."""
+    placement_prefix_chars: int = 1024
+    """A prompt nobody holds goes to the worker its leading this many chars rank first (rendezvous hashing
+    over the routable workers, under the load gate): every router replica places a new prefix on the same
+    worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
+    shared system prompt, short enough to be the same for every request of a group."""
+    placement_slack: int = 4
+    placement_slack_ratio: float = 0.25
+    """A new prompt may go to any worker whose load is within max(placement_slack, least load times
+    placement_slack_ratio) of the least loaded; rendezvous picks among those."""
+    tree_chars_per_token: float = 3.0
+    """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
+    from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
+    does.  On the low side of English text (~4 chars a token): forgetting early costs little, since a
+    forgotten prefix is placed by rendezvous on the worker that most likely still holds it.  0: no cap."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -220,6 +234,30 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cache-threshold", pol.cache_threshold, type=float, help="minimum prefix match rate for a hit")
     add("--balance-abs-threshold", pol.balance_abs_threshold, type=int, help="imbalance: max - min > this")
     add("--balance-rel-threshold", pol.balance_rel_threshold, type=float, help="imbalance: max > min * this")
+    add(
+        "--placement-prefix-chars",
+        pol.placement_prefix_chars,
+        type=int,
+        help="leading chars of a new prompt hashed to place it (the same worker on every replica)",
+    )
+    add(
+        "--placement-slack",
+        pol.placement_slack,
+        type=int,
+        help="a new prompt may go to a worker this many requests above the least loaded ...",
+    )
+    add(
+        "--placement-slack-ratio",
+        pol.placement_slack_ratio,
+        type=float,
+        help="... or the least load times this, whichever is more",
+    )
+    add(
+        "--tree-chars-per-token",
+        pol.tree_chars_per_token,
+        type=float,
+        help="a worker's tree share is capped at its engine's KV tokens times this (0: no cap)",
+    )
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
     add(
@@ -301,6 +339,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
+    if a.placement_slack < 0 or not 0.0 <= a.placement_slack_ratio < 1e6:
+        parser.error("--placement-slack and --placement-slack-ratio must be 0 or more")
+    if a.placement_prefix_chars < 1:
+        parser.error("--placement-prefix-chars must be positive")
+    if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
+        parser.error("--tree-chars-per-token must be 0 (no cap) or a positive number of chars")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -368,6 +412,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             eviction_interval=a.eviction_interval,
             max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
+            placement_prefix_chars=a.placement_prefix_chars,
+            placement_slack=a.placement_slack,
+            placement_slack_ratio=a.placement_slack_ratio,
+            tree_chars_per_token=a.tree_chars_per_token,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from smg_router.policies.cache_aware import placement_key, rendezvous_score
+from smg_router.settings import PolicySettings
 from support.llamacpp import MODEL_ID, LlamaServer
 from support.procs import Router, http_json, metric_value, wait_until
 
@@ -122,14 +124,27 @@ def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Rout
 def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cache(
     router: Router, engines: list[LlamaServer]
 ) -> None:
+    # New prefixes are placed by rendezvous hashing of their leading chars over the worker ids, the same
+    # function on every router replica: pick 4 whose ranking puts 2 on each engine (its 2 slots), as computed
+    # here from the ids alone, and check that the router places them so.
+    ids = [w["id"] for w in router.workers()]
     rng = random.Random("distinct-prefixes")
-    prefixes = [random_text(PREFIX_CHARS, rng) for _ in range(4)]
+    by_engine: dict[str, list[str]] = {i: [] for i in ids}
+    while min(len(v) for v in by_engine.values()) < 2:
+        p = random_text(PREFIX_CHARS, rng)
+        key = placement_key(p + " first", PolicySettings().placement_prefix_chars)
+        top = max(ids, key=lambda i: rendezvous_score(key, i))
+        if len(by_engine[top]) < 2:
+            by_engine[top].append(p)
+    prefixes = [p for pair in zip(*by_engine.values(), strict=True) for p in pair]
+    expected = {p: i for i, ps in by_engine.items() for p in ps}
     text = router.metrics()
     misses_before = metric_value(text, "smg_cache_tree_misses_total", model=MODEL_ID)
     hits_before = metric_value(text, "smg_cache_tree_hits_total", model=MODEL_ID)
 
     first = [complete(router.url, p + " first") for p in prefixes]
 
+    assert [a.worker_id for a in first] == [expected[p] for p in prefixes]
     placement = Counter(a.worker_id for a in first)
     assert sorted(placement.values()) == [2, 2], placement  # 2 prefixes per engine: exactly its 2 slots
     assert {w["id"] for w in router.workers()} == set(placement)

@@ -17,8 +17,10 @@ import asyncio
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import orjson
 
@@ -70,25 +72,59 @@ def _backlog(total: float) -> int:
     return int(total)
 
 
+KV_GAUGES = frozenset({"sglang:max_total_num_tokens", "sglang_max_total_num_tokens", "vllm:cache_config_info"})
+"""Where an exposition says how many KV tokens the engine holds (vLLM: in the labels of an info gauge)."""
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+MAX_KV_TOKENS = 10**12
+"""More KV tokens than any engine holds: a capacity above it is ignored (the tree keeps its other caps)."""
+
+
+class Report(NamedTuple):
+    """One poll's figures: running + waiting requests, and the KV cache capacity in tokens if reported."""
+
+    backlog: int
+    kv_tokens: int | None
+
+
+def _kv(total: float, seen: bool) -> int | None:
+    return int(total) if seen and 0 < total <= MAX_KV_TOKENS else None
+
+
 def parse_loads(body: bytes) -> int:
     """Sum running + waiting over the ranks of an SGLang ``/v1/loads`` answer; ValueError if it is not a sane one."""
+    return parse_loads_report(body).backlog
+
+
+def parse_loads_report(body: bytes) -> Report:
+    """``parse_loads`` and the KV capacity: ``max_total_num_tokens`` summed over the ranks."""
     data = orjson.loads(body)  # NaN, Infinity and numbers that overflow a double are JSONDecodeError (ValueError)
     if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
         raise ValueError("not a /v1/loads document")
     total = 0.0  # each term is at most MAX_BACKLOG, so the sum is exact in a double well past the bound
+    kv, kv_seen = 0.0, False
     for rank in data["loads"]:
         if not isinstance(rank, dict):
             raise ValueError("malformed rank entry")
         for key in ("num_running_reqs", "num_waiting_reqs"):
             if key in rank:  # an engine that omits a counter has none of those requests
                 total += _count(rank[key], key)
-    return _backlog(total)
+        capacity = rank.get("max_total_num_tokens")
+        if isinstance(capacity, int | float) and not isinstance(capacity, bool) and math.isfinite(capacity):
+            kv, kv_seen = kv + capacity, True  # a capacity that makes no sense is left out, not an error
+    return Report(_backlog(total), _kv(kv, kv_seen))
 
 
 def parse_metrics(text: str) -> int:
     """Sum the backlog gauges of a Prometheus exposition; ValueError if none is present or one is not sane."""
+    return parse_metrics_report(text).backlog
+
+
+def parse_metrics_report(text: str) -> Report:
+    """``parse_metrics`` and the KV capacity: SGLang's ``sglang:max_total_num_tokens`` gauge, or vLLM's
+    ``vllm:cache_config_info`` labels ``num_gpu_blocks`` times ``block_size``."""
     total = 0.0
     seen = False
+    kv, kv_seen = 0.0, False
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -104,13 +140,30 @@ def parse_metrics(text: str) -> int:
                 raise ValueError(f"{name} has no value")
             total += _count(float(fields[0]), name)  # float() of a non-number is ValueError too
             seen = True
+        elif name in KV_GAUGES:
+            capacity = _kv_of(name, line, rest)
+            if capacity is not None:
+                kv, kv_seen = kv + capacity, True
     if not seen:
         raise ValueError("no backlog gauges in /metrics")
-    return _backlog(total)
+    return Report(_backlog(total), _kv(kv, kv_seen))
 
 
-def _parse_metrics_body(body: bytes) -> int:
-    return parse_metrics(body.decode())  # UnicodeDecodeError is a ValueError
+def _kv_of(name: str, line: str, rest: str) -> float | None:
+    """One KV-capacity line's tokens, or None when it does not make sense (never an error: it is a hint)."""
+    try:
+        if name == "vllm:cache_config_info":
+            labels = dict(_LABEL.findall(line[: line.rfind("}")]))
+            value = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+        else:
+            value = float(rest.split()[0])
+    except (KeyError, ValueError, IndexError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _parse_metrics_body(body: bytes) -> Report:
+    return parse_metrics_report(body.decode())  # UnicodeDecodeError is a ValueError
 
 
 class LoadMonitor:
@@ -182,7 +235,7 @@ class LoadMonitor:
         error: BaseException | None = None
         try:
             async with asyncio.timeout(self._settings.timeout):
-                load = await self._read(worker)
+                report = await self._read(worker)
         except ProbeError as e:
             kind, detail = e.kind, e.detail
         except TimeoutError:
@@ -190,8 +243,9 @@ class LoadMonitor:
         except Exception as e:  # a bug of ours with one worker must not end the monitor for every worker
             kind, detail, error = "error", repr(e), e
         else:
+            load = report.backlog
             if self._registry.get(worker.id) is worker:  # not removed while we were polling
-                self._loads.record(worker.id, load, at=time.monotonic())
+                self._loads.record(worker.id, load, at=time.monotonic(), kv_tokens=report.kv_tokens)
                 self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
                 if self._failing.pop(worker.id, None) is not None:
                     log.info("worker %s load poll recovered", worker.url)
@@ -210,7 +264,7 @@ class LoadMonitor:
                 )
         return None
 
-    async def _read(self, worker: Worker) -> int:
+    async def _read(self, worker: Worker) -> Report:
         """The backlog from the endpoint that answered last time, else ``/v1/loads`` then ``/metrics``.
 
         Both attempts share one deadline, so a poll never takes more than one timeout.
@@ -220,7 +274,7 @@ class LoadMonitor:
         first: ProbeError | None = None
         if source in (None, "loads"):
             try:
-                load = await self._fetch(worker, "/v1/loads", parse_loads, deadline)
+                load = await self._fetch(worker, "/v1/loads", parse_loads_report, deadline)
             except ProbeError as e:
                 if source == "loads" or e.kind not in ("http_status", "bad_payload"):
                     raise  # a worker that times out or refuses would not answer /metrics either
@@ -238,7 +292,7 @@ class LoadMonitor:
         self._source[worker.id] = "metrics"
         return load
 
-    async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], int], deadline: float) -> int:
+    async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], Report], deadline: float) -> Report:
         seconds = deadline - asyncio.get_running_loop().time()
         if seconds <= 0:
             raise ProbeError("timeout", f"no answer within {self._settings.timeout}s")

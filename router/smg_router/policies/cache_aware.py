@@ -1,37 +1,59 @@
 """cache_aware: route each request to the worker most likely to hold its prompt prefix in KV cache.
 
 One approximate radix tree per model (tenants are worker URLs, keys are characters of the routing
-text: the whole prompt as the engine sees it).  Per request, over the routable workers:
+text: the whole prompt as the engine sees it, after its cache namespace marker).  Per request, over the
+routable workers:
 
 1. Effective load of each worker = max(backend running + waiting, local in-flight) from the shared
    load snapshot (local in-flight alone when the snapshot is stale; counted as ``no_load_data``).
-2. Imbalanced when ``max - min > balance_abs_threshold`` AND ``max > min * balance_rel_threshold``:
-   take the least-loaded worker (ties: fewer processed, then registry order), still insert the text
-   for it, count fallback ``imbalance``.
-3. Otherwise match: ``rate = matched_chars / len(text)``.  ``rate > cache_threshold`` (strictly) is a
-   hit: the least-loaded routable holder of the deepest matched node.  If no holder is routable, count
-   ``stale_tenant`` and take the least-loaded worker.  Otherwise a miss: the least-loaded worker.
-4. Insert the text for the chosen worker, in the same descent as the match.
+2. The load gate: a worker is over it when ``load - min > balance_abs_threshold`` AND ``load > min *
+   balance_rel_threshold`` (min over the routable workers).
+3. Match: ``rate = matched_chars / len(text)``.  ``rate > cache_threshold`` (strictly) is a hit: the
+   least-loaded routable holder of the deepest matched node that is within the gate (branch ``hit``).  If
+   every holder is over the gate, the request spills (branch ``spill``, fallback ``imbalance``); if no
+   holder is routable, fallback ``stale_tenant``.  Otherwise a miss (branch ``miss``).
+4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the text's leading
+   ``placement_prefix_chars`` (a hash of those chars and the worker's id, itself a hash of its URL) among
+   those whose load is within the placement slack of the least loaded (``max(placement_slack, min *
+   placement_slack_ratio)``; when it rules a worker out, fallback ``imbalance``).  Every router replica
+   computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
+   to the same worker, and only load moves it.  Nothing local (what this replica's tree holds per worker)
+   takes part: replicas see different parts of the traffic, and a bound on local shares made 8 replicas
+   place a group on up to 2 workers where pure ranking kept every group on one (12 groups, 4 workers).
+5. Insert the text for the chosen worker, in the same descent as the match.
 
 Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold
-1.5.  A request for a model with no tree gets one created on the spot and is counted as ``no_tree`` (the
-lifecycle should have made it).
+1.5, placement_prefix_chars 1024, placement_slack 4, placement_slack_ratio 0.25.  A request for a model
+with no tree gets one created on the spot and is counted as ``no_tree`` (the lifecycle should have made it).
 
 Upkeep is off the request path: ``select`` never evicts.  ``sync`` detaches a worker that left from its
 trees at once (O(1): no match sees it from then on) and retires the tree of a model that left; the
 router's one upkeep task (``PolicyRegistry.tree_upkeep``, over every instance's ``tree_slots``) then
 reclaims their nodes, caps each worker at max_tree_size (2**26) chars per tree (every eviction_interval,
-120 s, and at max_tree_size * high_water_ratio in between) and keeps all the trees of the router under
+120 s, and at max_tree_size * high_water_ratio in between) and at its engine's KV capacity
+(``tenant_cap``: the tokens its engine reports times tree_chars_per_token, checked every round, so the
+tree forgets a prefix about when the engine does), and keeps all the trees of the router under
 tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import Policy, PolicyContext, RouteRequest, least_loaded
 from smg_router.tree import Match, RadixTree
-from smg_router.workers.worker import Worker
+from smg_router.workers.worker import Worker, worker_id_for
+
+
+def placement_key(text: str, chars: int) -> bytes:
+    """The digest every replica derives from a text to rank the workers for it."""
+    return hashlib.blake2b(text[:chars].encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def rendezvous_score(key: bytes, worker_id: str) -> int:
+    """Highest random weight of a worker for ``key``: the same on every replica (ids are hashes of URLs)."""
+    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8, key=key).digest())
 
 
 class CacheAwarePolicy(Policy):
@@ -73,43 +95,65 @@ class CacheAwarePolicy(Policy):
 
     # -- request path ---------------------------------------------------------------------------
     def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
-        model, text, s = req.model, req.text, self.ctx.settings
+        model, text = req.model, req.text
         tree = self._trees.get(model)
         if tree is None:
             tree = self._trees[model] = RadixTree()
             self.fallback(model, "no_tree")
         loads = self.loads_of(workers, model, now)
-        lo, hi = min(loads), max(loads)
-        if hi - lo > s.balance_abs_threshold and hi > lo * s.balance_rel_threshold:
-            chosen = workers[least_loaded(workers, loads)]
-            tree.insert(text, chosen.url)
-            self.fallback(model, "imbalance")
-        else:
-            chosen = workers[0]
+        chosen = workers[0]
 
-            def choose(match: Match) -> str:
-                nonlocal chosen
-                chosen = workers[self._choose_by_match(workers, loads, match, model, len(text))]
-                return chosen.url
+        def choose(match: Match) -> str:
+            nonlocal chosen
+            chosen = workers[self._choose_by_match(workers, loads, match, model, text)]
+            return chosen.url
 
-            tree.match_and_insert(text, choose)
+        tree.match_and_insert(text, choose)
         return chosen
 
-    def _choose_by_match(
-        self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, length: int
-    ) -> int:
+    def _within_gate(self, loads: Sequence[int]) -> list[bool]:
+        """Per worker: not over the load gate (far above the least loaded, in both absolute and relative terms)."""
+        s = self.ctx.settings
+        lo = min(loads)
+        return [not (x - lo > s.balance_abs_threshold and x > lo * s.balance_rel_threshold) for x in loads]
+
+    def _choose_by_match(self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, text: str) -> int:
         m, role = self.ctx.metrics, self.ctx.role
-        rate = match.matched_chars / length if length else 0.0
+        rate = match.matched_chars / len(text) if text else 0.0
         m.match_ratio.labels(model, role).observe(rate)
         if rate > self.ctx.settings.cache_threshold:
             m.cache_hits.labels(model, role).inc()
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
+            ok = self._within_gate(loads)
+            usable = [i for i in holders if ok[i]]
+            if usable:
+                m.decisions.labels(model, role, "hit").inc()
+                return least_loaded(workers, loads, usable)
             if holders:
-                return least_loaded(workers, loads, holders)
+                m.decisions.labels(model, role, "spill").inc()
+                self.fallback(model, "imbalance")
+                return self._place(workers, loads, text, model, spilled=True)
             self.fallback(model, "stale_tenant")
         else:
             m.cache_misses.labels(model, role).inc()
-        return least_loaded(workers, loads)
+        m.decisions.labels(model, role, "miss").inc()
+        return self._place(workers, loads, text, model, spilled=False)
+
+    def _place(self, workers: Sequence[Worker], loads: Sequence[int], text: str, model: str, *, spilled: bool) -> int:
+        """Rendezvous hashing under the load slack (see the module docstring, 4)."""
+        s = self.ctx.settings
+        lo = min(loads)
+        limit = lo + max(s.placement_slack, lo * s.placement_slack_ratio)
+        if not spilled and max(loads) > limit:  # a spill is counted already
+            self.fallback(model, "imbalance")  # the workers' backlog ruled some out
+        key = placement_key(text, s.placement_prefix_chars)
+        best, best_score = 0, -1
+        for i, w in enumerate(workers):
+            if loads[i] <= limit:
+                score = rendezvous_score(key, w.id)
+                if score > best_score:
+                    best, best_score = i, score
+        return best
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:
@@ -120,12 +164,23 @@ class CacheAwarePolicy(Policy):
                 pass
         for model, tree in self._trees.items():
             self.count_evicted(model, sum(tree.evict(self.ctx.settings.max_tree_size).values()))
+            for tenant in list(tree.tenant_sizes()):
+                own = self.tenant_cap(tenant)
+                if own is not None and tree.tenant_size(tenant) > own:
+                    self.count_evicted(model, tree.evict_tenant(tenant, own))
 
     def tree_slots(self) -> Iterator[tuple[str, RadixTree]]:
         """(model, tree) for upkeep: every live tree, and the retired ones until their nodes are reclaimed."""
         self._retired = [(m, t) for m, t in self._retired if t.reclaim_pending()]
         yield from self._trees.items()
         yield from self._retired
+
+    def tenant_cap(self, tenant: str) -> int | None:
+        """Chars this worker's share of a tree may hold: its engine's KV capacity in tokens (as last polled)
+        times tree_chars_per_token; None when unknown or the cap is off."""
+        per_token = self.ctx.settings.tree_chars_per_token
+        tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant)) if per_token > 0 else None
+        return None if tokens is None else max(1, int(tokens * per_token))
 
     def count_evicted(self, model: str, chars: int) -> None:
         if chars:

@@ -116,7 +116,7 @@ class PolicyRegistry:
 
         ``periodic``: the eviction_interval came round, so cap every worker at max_tree_size (between
         periods only those past the high-water mark)."""
-        return self._upkeep.run(self._tree_slots, self._count_evicted, periodic=periodic)
+        return self._upkeep.run(self._tree_slots, self._count_evicted, periodic=periodic, tenant_cap=self._tenant_cap)
 
     def _cache_aware(self) -> list[CacheAwarePolicy]:
         live = [p for _, p in self.instances() if isinstance(p, CacheAwarePolicy)]
@@ -125,6 +125,10 @@ class PolicyRegistry:
 
     def _tree_slots(self) -> list[tuple[tuple[CacheAwarePolicy, str], RadixTree]]:
         return [((policy, model), tree) for policy in self._cache_aware() for model, tree in policy.tree_slots()]
+
+    @staticmethod
+    def _tenant_cap(key: tuple[CacheAwarePolicy, str], tenant: str) -> int | None:
+        return key[0].tenant_cap(tenant)
 
     @staticmethod
     def _count_evicted(key: tuple[CacheAwarePolicy, str], chars: int) -> None:

@@ -10,7 +10,9 @@ A round, in order:
 
 1. reclaim: the nodes of every detached tenant, and of every tree whose trees()-caller retired it;
 2. caps: a tenant over ``max_chars`` (``periodic``) or over ``max_chars * high_water_ratio`` (between
-   periods) is LRU-evicted down to ``max_chars``;
+   periods) is LRU-evicted down to ``max_chars``; a tenant with a cap of its own (``tenant_cap``: the
+   engine's KV capacity) that is lower is evicted, every round, as soon as it is past it, down to
+   ``low_water_ratio`` of it (so a tree that follows a full engine is not trimmed by a few chars a round);
 3. budget: when the trees' estimated bytes (``RadixTree.estimated_bytes``) add up to more than
    ``budget_bytes``, every tenant of every tree is LRU-evicted down to the same fraction of its chars,
    ``budget_bytes * low_water_ratio / total``, like every engine evicting its own least recently used
@@ -58,13 +60,19 @@ class Upkeep(Generic[K]):
         self._deadline = 0.0
 
     def run(
-        self, trees: Callable[[], Sequence[tuple[K, RadixTree]]], evicted: Callable[[K, int], None], *, periodic: bool
+        self,
+        trees: Callable[[], Sequence[tuple[K, RadixTree]]],
+        evicted: Callable[[K, int], None],
+        *,
+        periodic: bool,
+        tenant_cap: Callable[[K, str], int | None] | None = None,
     ) -> Iterator[None]:
         """One round. ``trees()`` is asked again after every pause (trees come and go); ``evicted(key, n)``
-        is told of every n chars LRU-evicted from the tree named ``key``."""
+        is told of every n chars LRU-evicted from the tree named ``key``; ``tenant_cap(key, tenant)``, a
+        tenant's own cap in chars (None: only ``max_chars``)."""
         self._deadline = self._clock() + self._slice
         yield from self._reclaim(trees)
-        yield from self._cap(trees, evicted, periodic=periodic)
+        yield from self._cap(trees, evicted, periodic=periodic, tenant_cap=tenant_cap)
         yield from self._fit(trees, evicted)
 
     def _pause(self) -> Iterator[None]:
@@ -93,13 +101,22 @@ class Upkeep(Generic[K]):
             yield from self._pause()
 
     def _cap(
-        self, trees: Callable[[], Sequence[tuple[K, RadixTree]]], evicted: Callable[[K, int], None], *, periodic: bool
+        self,
+        trees: Callable[[], Sequence[tuple[K, RadixTree]]],
+        evicted: Callable[[K, int], None],
+        *,
+        periodic: bool,
+        tenant_cap: Callable[[K, str], int | None] | None,
     ) -> Iterator[None]:
         cap = self.limits.max_chars
         trigger = cap if periodic else int(cap * self.limits.high_water_ratio)
         for key, tree in trees():
             for tenant in list(tree.tenant_sizes()):
-                if tree.tenant_size(tenant) > trigger:
+                size = tree.tenant_size(tenant)
+                own = tenant_cap(key, tenant) if tenant_cap is not None else None
+                if own is not None and own < cap and size > own:
+                    yield from self._evict(tree.eviction(tenant, int(own * self.limits.low_water_ratio)), key, evicted)
+                elif size > trigger:
                     yield from self._evict(tree.eviction(tenant, cap), key, evicted)
 
     def _fit(

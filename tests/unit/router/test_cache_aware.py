@@ -28,27 +28,58 @@ def test_shared_prefix_goes_to_the_worker_that_holds_it(env: Env) -> None:
     assert env.sample("smg_cache_tree_misses_total", model="m", role="regular") == 1
 
 
-def test_distinct_prefixes_spread_over_workers(env: Env) -> None:
-    workers = [make_worker(i) for i in (2, 3, 4)]
+def _replica(workers_at: tuple[int, ...] = (2, 3, 4), **settings: object) -> tuple[Env, object, list]:
+    """One router replica: its own metrics, load view, policy and Worker objects for the same URLs."""
+    env = Env(**settings)
+    workers = [make_worker(i) for i in workers_at]
+    return env, _policy(env, workers), workers
+
+
+def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order() -> None:
+    """Rendezvous placement: a prefix nobody holds goes where its leading chars rank first, a function of the
+    text and the fleet only, so two replicas that saw the prefixes in opposite orders agree on every one."""
+    prefixes = [f"group {i}: " + chr(65 + i % 26) * 300 for i in range(60)]
+    _, a, wa = _replica()
+    _, b, wb = _replica()
+    placed_a = {}
+    for text in prefixes:
+        w = a.select(wa, RouteRequest("m", text), NOW)
+        w.processed += 1  # the proxy counts it (the old rule spread new prefixes by this)
+        placed_a[text] = w.url
+    placed_b = {}
+    for text in reversed(prefixes):
+        w = b.select(wb, RouteRequest("m", text), NOW)
+        w.processed += 1
+        placed_b[text] = w.url
+    assert placed_a == placed_b
+    per_worker = [list(placed_a.values()).count(w.url) for w in wa]
+    assert min(per_worker) >= 60 // 3 // 2, per_worker  # spread over the fleet, not piled on one worker
+    # ... and the question after the prefix does not matter: a group's requests rank alike
+    for text in prefixes[:10]:
+        assert b.select(wb, RouteRequest("m", text[:200] + " another question"), NOW).url == placed_a[text]
+
+
+def test_placement_depends_on_the_leading_chars_only(env: Env) -> None:
+    env = Env(placement_prefix_chars=16, cache_threshold=0.99)  # every request below is a miss
+    workers = [make_worker(i) for i in range(2, 10)]
     p = _policy(env, workers)
-    chosen = set()
-    for i in range(3):
-        w = p.select(workers, RouteRequest("m", f"{i}-" + chr(65 + i) * 200), NOW)
-        w.processed += 1  # the proxy counts it
-        chosen.add(w.url)
-    assert len(chosen) == 3
+    head = "0123456789abcdef"
+    first = p.select(workers, RouteRequest("m", head + "x" * 50), NOW)
+    assert all(p.select(workers, RouteRequest("m", head + f"{i}" * 60), NOW) is first for i in range(10))
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 11
+    heads = {p.select(workers, RouteRequest("m", f"{i:016d}" + "y" * 50), NOW).url for i in range(40)}
+    assert len(heads) >= 6  # other heads, other workers
 
 
 def test_threshold_is_strict(env: Env) -> None:
     env = Env(cache_threshold=0.5)
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
-    holder = p.select(workers, RouteRequest("m", "aaaa"), NOW)
-    holder.processed += 5  # make the other worker the least-loaded tie-break choice
-    # "aaaabbbb": 4 of 8 chars match -> rate 0.5, not > 0.5 -> a miss, goes to the least loaded
-    other = p.select(workers, RouteRequest("m", "aaaabbbb"), NOW)
-    assert other is not holder
+    p.select(workers, RouteRequest("m", "aaaa"), NOW)
+    # "aaaabbbb": 4 of 8 chars match -> rate 0.5, not > 0.5 -> a miss (placed by rendezvous)
+    p.select(workers, RouteRequest("m", "aaaabbbb"), NOW)
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 2
     # "aaaab": 4/5 = 0.8 > 0.5 -> a hit on a holder of the deepest node ("aaaa" is held by both now)
     p.select(workers, RouteRequest("m", "aaaab"), NOW)
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 1
@@ -89,16 +120,17 @@ def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> 
 
 
 def test_local_inflight_wins_over_an_older_idle_snapshot(env: Env) -> None:
-    """max(snapshot, local): a burst between polls does not all land on the worker that looked idle."""
+    """max(snapshot, local): a burst of new prompts between polls does not all land on the worker that looked
+    idle; rendezvous picks only among the workers within the placement slack of the least loaded."""
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
     seen = []
-    for i in range(10):
+    for i in range(40):
         w = p.select(workers, RouteRequest("m", f"burst {i} " + "z" * 50), NOW)
         w.inflight += 1  # still running: the proxy holds it
         seen.append(w)
+        assert abs(workers[0].inflight - workers[1].inflight) <= env.settings.placement_slack + 1
     assert {w.url for w in seen} == {w.url for w in workers}
-    assert abs(workers[0].inflight - workers[1].inflight) <= 1
 
 
 def test_stale_snapshot_counts_no_load_data(env: Env) -> None:
@@ -222,16 +254,17 @@ def test_a_removed_worker_leaves_every_match_at_once_even_back_under_the_same_ur
     reg = _registry(env, [a, b])
     text = "cached prompt " * 20
     holder = reg.default.select([a, b], RouteRequest("m", text), NOW)
-    holder.processed += 10  # the other worker is the least loaded from now on
     other = b if holder is a else a
     reg.sync([other])  # the holder leaves...
     assert {w for _, w, _ in reg.default.tree_sizes()} == set()
     reg.sync([holder, other])  # ...and comes back before upkeep reclaimed anything
-    assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is other  # a miss, not a hit
+    again = reg.default.select([holder, other], RouteRequest("m", text), NOW)  # a miss, not a hit
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 2
+    assert {w for _, w, _ in reg.default.tree_sizes()} == {again.url}
     for _ in reg.tree_upkeep(periodic=False):
         pass
-    assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is other  # now a hit on other
+    assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is again  # now a hit
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 1
 
 
@@ -295,3 +328,97 @@ def test_tree_memory_budget_comes_from_the_flag_or_the_environment(monkeypatch) 
     assert parse_settings(["--tree-memory-budget", "2000000"]).policy.tree_memory_budget == 2_000_000
     with pytest.raises(SystemExit):
         parse_settings(["--tree-memory-budget", "0"])
+
+
+def test_a_hit_on_a_holder_over_the_load_gate_spills_to_the_rendezvous_choice(env: Env) -> None:
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    text = "shared prompt " * 50
+    holder = p.select(workers, RouteRequest("m", text), NOW)
+    env.loads.record(holder.id, 500, at=NOW)  # far over the gate (abs 64, rel 1.5)
+    spilled = p.select(workers, RouteRequest("m", text), NOW)
+    assert spilled is not holder
+    branches = {
+        b: env.sample("smg_routing_decisions_total", model="m", role="regular", branch=b)
+        for b in ("hit", "miss", "spill")
+    }
+    assert branches == {"hit": 0, "miss": 1, "spill": 1}
+    # the spill went where a replica that never saw the text would place it: agreement even under load
+    _, other_replica, other_workers = _replica()
+    fresh = next(w for w in other_workers if w.url == holder.url)
+    other_replica.ctx.loads.record(fresh.id, 500, at=NOW)
+    assert other_replica.select(other_workers, RouteRequest("m", text), NOW).url == spilled.url
+
+
+def test_cache_namespaces_never_match_each_other(env: Env) -> None:
+    """The routing text carries the request's cache namespace (request.cache_namespace): the same prompt
+    with another cache_salt or LoRA adapter is a miss, placed on its own."""
+    from smg_router.request import cache_namespace
+
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    prompt = "a long shared system prompt " * 40
+    texts = [
+        cache_namespace(body) + prompt
+        for body in ({}, {"cache_salt": "tenant-a"}, {"cache_salt": "tenant-b"}, {"lora_path": "adapter-1"})
+    ]
+    assert len(set(texts)) == 4
+    for text in texts:
+        p.select(workers, RouteRequest("m", text), NOW)
+    assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
+    for text in texts:  # each namespace hits only its own
+        p.select(workers, RouteRequest("m", text + " more"), NOW)
+    assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 4
+
+
+def test_a_workers_tree_share_is_capped_at_its_engines_kv_capacity() -> None:
+    """tree_chars_per_token x the engine's reported KV tokens: the tree forgets what a full engine evicted."""
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(2)]
+    p = _policy(env, workers)
+    env.loads.record(workers[0].id, 0, at=NOW, kv_tokens=3000)
+    reg = PolicyRegistry(env.factory, env.settings)
+    reg.default = p  # the registry's upkeep over this instance
+    first, second = "first prefix " * 160, "second prefix " * 150  # ~2000 chars each
+    p.select(workers, RouteRequest("m", first), NOW)
+    p.select(workers, RouteRequest("m", second), NOW)
+    for _ in reg.tree_upkeep(periodic=False):
+        pass
+    ((_, _, size),) = list(p.tree_sizes())
+    assert size <= 3000
+    assert env.sample("smg_cache_tree_evictions_total", model="m", role="regular") >= 1000
+    p.select(workers, RouteRequest("m", first), NOW)  # the least recent one went, as in the engine
+    assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
+    # no capacity reported, or the cap turned off: only max_tree_size applies
+    assert p.tenant_cap(workers[0].url) == 3000
+    assert Env(tree_chars_per_token=0).factory.create("cache_aware", role="regular").tenant_cap(workers[0].url) is None
+
+
+def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
+    from smg_router.settings import PolicySettings, parse_settings
+
+    d = PolicySettings()
+    assert (d.placement_prefix_chars, d.placement_slack, d.placement_slack_ratio, d.tree_chars_per_token) == (
+        1024,
+        4,
+        0.25,
+        3.0,
+    )
+    monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
+    monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
+    got = parse_settings(["--placement-slack", "8", "--placement-slack-ratio", "0.5"]).policy
+    assert (got.placement_prefix_chars, got.placement_slack, got.placement_slack_ratio, got.tree_chars_per_token) == (
+        256,
+        8,
+        0.5,
+        1.0,
+    )
+    for bad in (
+        ["--placement-prefix-chars", "0"],
+        ["--placement-slack", "-1"],
+        ["--placement-slack-ratio", "nan"],
+        ["--tree-chars-per-token", "-1"],
+        ["--tree-chars-per-token", "nan"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_settings(bad)

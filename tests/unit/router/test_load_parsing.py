@@ -152,3 +152,39 @@ def test_parse_metrics_on_any_exposition_returns_a_bounded_count_or_raises_value
 @given(text=st.text(max_size=200))
 def test_parse_metrics_on_any_text_returns_a_bounded_count_or_raises_value_error(text: str) -> None:
     _is_report_or_value_error(parse_metrics, text)
+
+
+# -- the KV capacity a report carries (the tree's cap per worker) -------------------------------------------
+
+
+def test_the_kv_capacity_comes_from_loads_and_from_sglang_or_vllm_metrics() -> None:
+    from smg_router.fleet.load_monitor import parse_loads_report, parse_metrics_report
+
+    two_ranks = {"loads": [{"num_running_reqs": 1, "max_total_num_tokens": 7000}, {"max_total_num_tokens": 5000}]}
+    assert parse_loads_report(json.dumps(two_ranks).encode()) == (1, 12000)
+    assert parse_loads_report(b'{"loads": [{"num_running_reqs": 2}]}') == (2, None)
+    sglang = "sglang:num_running_reqs 2\nsglang:max_total_num_tokens{model_name=\"m\"} 7000\n"
+    assert parse_metrics_report(sglang) == (2, 7000)
+    vllm = (
+        'vllm:num_requests_running{model_name="m"} 3\n'
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="1000"} 1.0\n'
+    )
+    assert parse_metrics_report(vllm) == (3, 16000)
+
+
+@pytest.mark.parametrize("bad", [*HOSTILE_NUMBERS, '"7000"', "true", "null", "0", "[]"])
+def test_a_kv_capacity_that_makes_no_sense_is_left_out_and_the_backlog_still_counts(bad: str) -> None:
+    """The capacity is a hint for the tree: a bad one is ignored (no cap from it), never a failed poll."""
+    from smg_router.fleet.load_monitor import parse_loads_report, parse_metrics_report
+
+    body = f'{{"loads": [{{"num_running_reqs": 1, "max_total_num_tokens": {bad}}}]}}'
+    try:
+        report = parse_loads_report(body.encode())
+    except ValueError:  # NaN, Infinity and overflowing numbers are not JSON at all
+        assert bad.lower().lstrip("+-") in ("inf", "nan", "1e309")
+    else:
+        assert report == (1, None) or (report.kv_tokens is not None and 0 < report.kv_tokens <= 10**12), report
+    text = f"sglang:num_running_reqs 1\nsglang:max_total_num_tokens {bad}\n"
+    report = parse_metrics_report(text)
+    assert report.backlog == 1
+    assert report.kv_tokens is None or 0 < report.kv_tokens <= 10**12, report
