@@ -157,8 +157,8 @@ class CacheAwarePolicy(Policy):
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:
-        """Everything at once: reclaim, then cap every worker at max_tree_size.  For tests and tools; the
-        router runs the same work in slices (``PolicyRegistry.tree_upkeep``)."""
+        """Everything at once: reclaim, then cap every worker at max_tree_size and at its engine's KV capacity.
+        For tests and tools; the router runs the same work in slices (``PolicyRegistry.tree_upkeep``)."""
         for _, tree in self.tree_slots():
             while tree.reclaim(1 << 62):
                 pass
