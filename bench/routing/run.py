@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-tps", type=float, default=4000.0)
     p.add_argument("--decode-step-ms", type=float, default=15.0)
     p.add_argument("--decode-step-ms-per-req", type=float, default=0.3)
+    p.add_argument("--groups", type=int, default=None, help="shared_prefix: prefix groups (default 12)")
+    p.add_argument("--questions", type=int, default=None, help="shared_prefix: questions per group (default 10)")
+    p.add_argument("--prefix-chars", type=int, default=None, help="shared_prefix: prefix length (default 2000)")
     p.add_argument("--capacity-basis", choices=("cold", "oracle"), default="cold", help="see capacity.py")
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and of the arrival times")
     p.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per simulated second")
@@ -160,7 +163,8 @@ def _git(*args: str) -> str:
 
 def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path | None, results: Results) -> None:
     """Every cell of workload ``name``: one fleet of workers, fresh routers per cell."""
-    workload = build(name, a.seed)
+    sizes = {"groups": a.groups, "questions": a.questions, "prefix_chars": a.prefix_chars}
+    workload = build(name, a.seed, shared={k: v for k, v in sizes.items() if v is not None})
     cost = CostModel(
         prefill_tps=a.prefill_tps,
         decode_step_ms=a.decode_step_ms,

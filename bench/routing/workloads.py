@@ -205,9 +205,11 @@ def multi_turn(
     )
 
 
-def build(name: str, seed: int) -> Workload:
-    """The plan of workload ``name`` for ``seed``."""
+def build(name: str, seed: int, *, shared: dict[str, int] | None = None) -> Workload:
+    """The plan of workload ``name`` for ``seed``; ``shared`` overrides the sizes of ``shared_prefix``."""
     rng = random.Random(f"{name}:{seed}")
+    if name == "shared_prefix" and shared:
+        return shared_prefix(rng, **shared)
     builders: dict[str, Callable[[random.Random], Workload]] = {
         "shared_prefix": shared_prefix,
         "multi_turn": multi_turn,
