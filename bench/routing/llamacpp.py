@@ -246,6 +246,32 @@ def summarise(prompts: Sequence[Prompt], answers: Sequence[Answer], counters: li
         "engine_cached_tokens": sum(c["cached"] for c in counters),
         "prefill_work_max_over_mean": max(computed) / mean_computed if mean_computed else None,
         "engines_per_group": (sum(len(s) for s in engines_of.values()) / len(engines_of)) if engines_of else None,
+        "groups_per_engine": _groups_per_engine(engines_of),
+        "answers": [_record(a, by_index[a.index], t0=sent[0].sent) for a in sent],
+    }
+
+
+def _groups_per_engine(engines_of: dict[int, set[str]]) -> dict[str, list[int]]:
+    """The groups each engine served (from smg-router's ``x-smg-worker-id``; empty for the Rust smg)."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for group, workers in sorted(engines_of.items()):
+        for w in workers:
+            out[w].append(group)
+    return dict(sorted(out.items()))
+
+
+def _record(a: Answer, p: Prompt, *, t0: float) -> dict[str, Any]:
+    return {
+        "index": a.index,
+        "group": p.group,
+        "replica": a.replica,
+        "worker": a.worker,
+        "sent_ms": round((a.sent - t0) * 1000.0, 1),
+        "e2e_ms": round((a.done - a.sent) * 1000.0, 1),
+        "prompt_tokens": a.prompt_tokens,
+        "cached_tokens": a.cached_tokens,
+        "prompt_ms": a.prompt_ms,
+        "error": a.error,
     }
 
 
