@@ -4,7 +4,9 @@ Sits under the HTTP layer (`generation`, `openai_api`, `sglang_api`) and knows n
 token lists and yields per-step outputs. One scheduler task per engine mimics SGLang's event loop:
 
 * arriving requests wait in a FIFO queue and are admitted while fewer than `max_running` run and their
-  KV memory fits;
+  KV memory fits: a request's cached prefix is pinned in the prefix cache while it runs and shared with every
+  other request of that prefix (counted once, as SGLang's radix cache does), its uncached prompt and its
+  output are its own; the cache keeps, least recently used first, whatever the running requests leave;
 * admitted requests are prefilled together in one step that takes `uncached_tokens / prefill_tps`
   (the cached prefix comes free) and yields each its first token; prefill has priority over decode;
 * otherwise one decode step gives every running request one more token and takes
@@ -28,7 +30,7 @@ from types import TracebackType
 from typing import Literal
 
 from .config import SimConfig
-from .kvcache import PrefixCache
+from .kvcache import Pin, PrefixCache
 from .tokens import StopMatcher, encode, prompt_seed, pseudo_text
 
 log = logging.getLogger(__name__)
@@ -130,13 +132,28 @@ class _Seq:
     def prompt_len(self) -> int:
         return len(self.req.tokens)
 
+    in_cache: bool = False
+    """The prompt was inserted into the prefix cache (after its prefill): from then on its KV is the cache's,
+    shared with every request of the same prefix, as SGLang's radix cache shares it."""
+    pin: Pin | None = None
+    """Its cached prefix (then its whole prompt), pinned in the cache while it runs."""
+
     @property
-    def kv_tokens(self) -> int:
-        return self.prompt_len + self.generated
+    def _private_prompt(self) -> int:
+        if self.req.transferred_cached is not None:
+            return self.prompt_len  # KV sent by a prefill worker: this engine's cache has none of it
+        return 0 if self.in_cache else self.prompt_len - self.cached
+
+    @property
+    def private_tokens(self) -> int:
+        """KV this request holds outside the shared prefix cache: its uncached prompt until prefilled, then
+        only its output."""
+        return self.generated + self._private_prompt
 
     @property
     def reserve(self) -> int:
-        return self.prompt_len + self.req.max_new_tokens
+        """Private KV at its longest: what admission must not overcommit (the cached prefix is shared)."""
+        return self._private_prompt + self.req.max_new_tokens
 
 
 class RequestHandle:
@@ -243,15 +260,29 @@ class Engine:
             self._waiting.remove(seq)
         else:
             self._running.remove(seq)
+        self._repin(seq, None)
         seq.phase = _Phase.DONE
         log.debug("request %s aborted after %d tokens", seq.req.rid, seq.generated)
         self._wake.set()
 
     def _used_tokens(self) -> int:
-        return sum(s.kv_tokens for s in self._running)
+        """KV the running requests hold: their pinned prefixes (shared, counted once) and their own tokens."""
+        return self._cache.locked + self._private_tokens()
+
+    def _repin(self, seq: _Seq, length: int | None) -> None:
+        """Move ``seq``'s pin to its first ``length`` tokens (None: release it)."""
+        if seq.pin is not None:
+            self._cache.unpin(seq.pin)
+            seq.pin = None
+        if length is not None:
+            seq.pin = self._cache.pin(seq.req.tokens, length)
+
+    def _private_tokens(self) -> int:
+        """KV the running requests hold outside the prefix cache: the cache may keep the rest."""
+        return sum(s.private_tokens for s in self._running)
 
     def _reserved_tokens(self) -> int:
-        """KV the running requests will hold at their longest: admission must not overcommit it."""
+        """Private KV the running requests will hold at their longest: admission must not overcommit it."""
         return sum(s.reserve for s in self._running)
 
     # -- scheduler -----------------------------------------------------------------------------
@@ -273,16 +304,19 @@ class Engine:
         capacity = self._config.kv_capacity
         while self._waiting and len(self._running) < self._config.max_running:
             seq = self._waiting[0]
-            if self._running and self._reserved_tokens() + seq.reserve > capacity:
-                break  # memory-bound: wait until running requests finish and free their KV
-            self._waiting.popleft()
+            pins = 0
             if seq.req.transferred_cached is not None:
                 seq.cached = seq.req.transferred_cached
-                seq.phase = _Phase.DECODE
             else:
                 # Like SGLang, at least the last prompt token is computed to get the first logits.
                 seq.cached = max(0, min(self._cache.match(seq.req.tokens), seq.prompt_len - 1))
-                seq.phase = _Phase.PREFILL
+                pins = self._cache.unpinned(seq.req.tokens, seq.cached)
+            if self._running and self._cache.locked + pins + self._reserved_tokens() + seq.reserve > capacity:
+                break  # memory-bound: wait until running requests finish and free their KV
+            self._waiting.popleft()
+            if seq.req.transferred_cached is None:
+                seq.pin = self._cache.pin(seq.req.tokens, seq.cached)
+            seq.phase = _Phase.DECODE if seq.req.transferred_cached is not None else _Phase.PREFILL
             self._prompt_tokens_total += seq.prompt_len
             self._cached_tokens_total += seq.cached
             self._running.append(seq)
@@ -304,13 +338,15 @@ class Engine:
             if seq.phase is not _Phase.PREFILL:
                 continue  # aborted meanwhile
             self._cache.insert(seq.req.tokens)
+            self._repin(seq, seq.prompt_len)
+            seq.in_cache = True
             seq.phase = _Phase.DECODE
             if seq.req.max_new_tokens == 0:
                 self._finish(seq, FinishReason("length"), "")
             else:
                 self._emit_token(seq)
                 produced += 1
-        self._cache.evict(max(0, self._config.kv_capacity - self._used_tokens()))
+        self._cache.evict(max(0, self._config.kv_capacity - self._private_tokens()))
         self._record_throughput(produced)
 
     async def _decode_step(self, batch: list[_Seq]) -> None:
@@ -339,12 +375,13 @@ class Engine:
     def _finish(self, seq: _Seq, reason: FinishReason, text: str, *, cache_output: bool = True) -> None:
         if seq in self._running:
             self._running.remove(seq)
+        self._repin(seq, None)
         seq.phase = _Phase.DONE
         seq.queue.put_nowait(self._output(seq, text, reason))
         if cache_output and seq.req.transferred_cached is None and seq.output:
             # Multi-turn chats resend the answer as part of the next prompt: keep it warm.
             self._cache.insert(seq.req.tokens + encode("".join(seq.output)))
-            self._cache.evict(max(0, self._config.kv_capacity - self._used_tokens()))
+            self._cache.evict(max(0, self._config.kv_capacity - self._private_tokens()))
 
     def _output(self, seq: _Seq, text: str, finish: FinishReason | None = None) -> StepOutput:
         return StepOutput(

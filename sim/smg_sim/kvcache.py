@@ -3,6 +3,8 @@
 Plays the role of SGLang's RadixCache: the engine asks how many leading prompt tokens are already
 cached (those skip prefill) and inserts prompts and outputs once computed. Capacity is in tokens; when
 full, least recently used leaves are evicted first, so shared prefixes (system prompts) survive longest.
+Running requests pin what they use (``pin``/``unpin``, SGLang's ``lock_ref``): pinned tokens are never
+evicted and count once however many requests share them.
 Pure data structure: no asyncio, no clocks (recency is a logical counter, which keeps eviction order
 deterministic in tests).
 """
@@ -11,19 +13,31 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 
 class _Node:
     """One edge of the radix tree: `key` is the token run leading from `parent` to this node."""
 
-    __slots__ = ("children", "key", "last_access", "parent")
+    __slots__ = ("children", "key", "last_access", "lock", "parent")
 
     def __init__(self, key: tuple[int, ...], parent: _Node | None, last_access: int) -> None:
         self.key = key
         self.parent = parent
         self.children: dict[int, _Node] = {}
         self.last_access = last_access
+        self.lock = 0
+        """Running requests whose prompt passes through this node (SGLang's lock_ref): never evicted while > 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """What `PrefixCache.pin` locked: the first `length` tokens of `tokens`, in the cache of `generation`."""
+
+    tokens: tuple[int, ...]
+    length: int
+    generation: int
 
 
 def _common_len(a: Sequence[int], a_start: int, b: tuple[int, ...]) -> int:
@@ -45,11 +59,62 @@ class PrefixCache:
         self._tick = itertools.count(1)
         self._root = _Node((), None, 0)
         self._size = 0
+        self._locked = 0
+        self._generation = 0
 
     @property
     def size(self) -> int:
         """Number of tokens currently cached."""
         return self._size
+
+    @property
+    def locked(self) -> int:
+        """Tokens of the cache that running requests hold (pinned): shared between them, never evicted."""
+        return self._locked
+
+    def unpinned(self, tokens: Sequence[int], length: int) -> int:
+        """How many of the first `length` tokens of `tokens` are cached but not pinned: what pinning them adds."""
+        return sum(n for node, n in self._path(tokens, length, split=False) if node.lock == 0)
+
+    def pin(self, tokens: Sequence[int], length: int) -> Pin:
+        """Pin the cached part of the first `length` tokens of `tokens` (splitting the edge where it ends, so
+        exactly those tokens are pinned) until `unpin`."""
+        pinned = 0
+        for node, n in self._path(tokens, length, split=True):
+            if node.lock == 0:
+                self._locked += len(node.key)
+            node.lock += 1
+            pinned += n
+        return Pin(tuple(tokens[:pinned]), pinned, self._generation)
+
+    def unpin(self, pin: Pin) -> None:
+        if pin.generation != self._generation:
+            return  # the cache was cleared since: nothing of it is left to unpin
+        for node, _ in self._path(pin.tokens, pin.length, split=False):
+            node.lock -= 1
+            if node.lock == 0:
+                self._locked -= len(node.key)
+
+    def _path(self, tokens: Sequence[int], length: int, *, split: bool) -> Iterator[tuple[_Node, int]]:
+        """(node, tokens of it on the path) along the cached part of the first `length` tokens.  With `split`,
+        the edge where the part ends is split there first (a pin then covers whole nodes; a later split of
+        a pinned node gives both halves its lock count, so an unpin walks exactly what the pin counted)."""
+        node, pos = self._root, 0
+        while pos < length:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                return
+            common = min(_common_len(tokens, pos, child.key), length - pos)
+            if common == 0:
+                return
+            if common < len(child.key):
+                if not split:
+                    yield child, common
+                    return
+                child = self._split(child, common)
+            yield child, common
+            pos += common
+            node = child
 
     def match(self, tokens: Sequence[int]) -> int:
         """Length of the longest cached prefix of `tokens`; marks the matched path as recently used."""
@@ -97,7 +162,7 @@ class PrefixCache:
         """Evict LRU leaves until at most `target_size` tokens remain; return tokens evicted."""
         if self._size <= target_size:
             return 0
-        heap = [(n.last_access, id(n), n) for n in self._leaves()]
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock == 0]
         heapq.heapify(heap)
         evicted = 0
         while self._size > target_size and heap:
@@ -107,7 +172,7 @@ class PrefixCache:
             del parent.children[leaf.key[0]]
             self._size -= len(leaf.key)
             evicted += len(leaf.key)
-            if parent is not self._root and not parent.children:
+            if parent is not self._root and not parent.children and parent.lock == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return evicted
 
@@ -115,12 +180,15 @@ class PrefixCache:
         """Drop everything (like SGLang's /flush_cache)."""
         self._root = _Node((), None, 0)
         self._size = 0
+        self._locked = 0
+        self._generation += 1
 
     def _split(self, child: _Node, at: int) -> _Node:
         """Split `child`'s edge after `at` tokens; return the new intermediate node."""
         parent = child.parent
         assert parent is not None
         middle = _Node(child.key[:at], parent, child.last_access)
+        middle.lock = child.lock  # the same requests pass through both halves
         parent.children[middle.key[0]] = middle
         child.key = child.key[at:]
         child.parent = middle

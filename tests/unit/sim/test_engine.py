@@ -128,6 +128,19 @@ async def test_kv_memory_limits_admission() -> None:
         await asyncio.gather(*tasks)
 
 
+async def test_requests_sharing_a_cached_prefix_share_its_kv() -> None:
+    """The cached prefix is pinned once for every request that uses it: two requests sharing 40 cached tokens
+    (1 new + 20 output each) run together in 100 tokens, where two distinct ones wait for each other."""
+    async with running_engine(kv_capacity=100, max_running=8, decode_step_ms=2.0) as engine:
+        await run_to_end(engine, EngineRequest(encode("p" * 40), 1))
+        tasks = [asyncio.create_task(run_to_end(engine, EngineRequest(encode("p" * 40 + c), 20))) for c in "ab"]
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 2, what="2 running")
+        assert engine.cache.locked <= 42  # the shared 40 once, and each prompt's last token once prefilled
+        (_, out_a, _), (_, out_b, _) = await asyncio.gather(*tasks)
+    assert out_a.cached_tokens == out_b.cached_tokens == 40
+    assert engine.cache.locked == 0
+
+
 async def test_stop_string_ends_generation_early() -> None:
     async with running_engine(time_scale=0.0) as engine:
         full, _, _ = await run_to_end(engine, EngineRequest(encode("stop test"), 40))

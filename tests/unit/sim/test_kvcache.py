@@ -124,3 +124,54 @@ def test_size_never_exceeds_capacity_under_random_inserts() -> None:
     for _ in range(500):
         cache.insert([rng.randrange(4) for _ in range(rng.randrange(1, 30))])
         assert cache.size <= 50
+
+
+def test_pinned_tokens_are_never_evicted_and_count_once() -> None:
+    cache = PrefixCache(capacity=1000)
+    shared = encode("s" * 300)
+    cache.insert(shared + encode("a" * 100))
+    cache.insert(shared + encode("b" * 100))
+    a = cache.pin(shared + encode("a" * 100), 400)
+    b = cache.pin(shared + encode("b" * 100), 350)  # the edge of b's tail is split where the pin ends
+    assert cache.locked == 300 + 100 + 50  # the shared 300 once
+    assert cache.unpinned(shared + encode("b" * 100), 400) == 50
+    cache.evict(0)
+    assert cache.match(shared + encode("a" * 100)) == 400  # pinned: kept
+    assert cache.match(shared + encode("b" * 100)) == 350  # its unpinned last 50 went
+    cache.insert(shared + encode("c" * 100))  # splits nothing pinned wrongly: a later split keeps the counts
+    cache.unpin(a)
+    assert cache.locked == 350
+    cache.unpin(b)
+    assert cache.locked == 0
+    cache.evict(0)
+    assert cache.size == 0
+
+
+def test_a_pin_of_a_cleared_cache_is_forgotten() -> None:
+    cache = PrefixCache(capacity=100)
+    cache.insert(encode("x" * 50))
+    pin = cache.pin(encode("x" * 50), 50)
+    cache.clear()
+    cache.insert(encode("x" * 50))
+    cache.unpin(pin)  # no effect on the new cache's counts
+    assert cache.locked == 0 and cache.size == 50
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pins_and_unpins_in_any_order_leave_the_counts_exact(seed: int) -> None:
+    rng = random.Random(seed)
+    cache = PrefixCache(capacity=5000)
+    prompts = [encode("".join(rng.choice("ab") for _ in range(rng.randint(5, 60)))) for _ in range(30)]
+    pins = []
+    for p in prompts:
+        cache.insert(p)
+        if rng.random() < 0.6:
+            pins.append(cache.pin(p, rng.randint(0, len(p))))
+        if pins and rng.random() < 0.3:
+            cache.unpin(pins.pop(rng.randrange(len(pins))))
+        cache.evict(rng.randint(0, 400))
+        for pin in pins:  # what is pinned is still there
+            assert cache.match(list(pin.tokens)) >= pin.length
+    for pin in pins:
+        cache.unpin(pin)
+    assert cache.locked == 0
