@@ -115,8 +115,13 @@ def plan(a: argparse.Namespace) -> list[Prompt]:
     return out
 
 
-def lru_reference(prompts: Sequence[Prompt], *, engines: int, slots: int) -> float:
+def lru_reference(
+    prompts: Sequence[Prompt], *, engines: int, slots: int, placement: dict[int, int] | None = None
+) -> float:
     """Cached share of a fleet where group g always goes to engine g mod ``engines``, one request at a time.
+
+    ``placement`` (group -> engine index) replaces g mod ``engines``: the same reference for the placement a
+    router actually chose.
 
     Each engine chooses slots as llama.cpp does (the idle slot whose cache shares the largest fraction of the
     prompt above ``SLOT_PROMPT_SIMILARITY``, else the least recently used) and reuses that slot's common prefix.
@@ -127,7 +132,7 @@ def lru_reference(prompts: Sequence[Prompt], *, engines: int, slots: int) -> flo
     used: list[list[int]] = [[-1 - s for s in range(slots)] for _ in range(engines)]
     cached = 0
     for t, p in enumerate(prompts):
-        e = p.group % engines
+        e = placement[p.group] if placement is not None else p.group % engines
         lcps = [common_prefix_len(p.text, h) for h in held[e]]
         best = max(range(slots), key=lambda s: lcps[s])
         if lcps[best] / len(p.text) <= SLOT_PROMPT_SIMILARITY:
@@ -208,7 +213,9 @@ def engine_counters(engines: Sequence[LlamaServer]) -> list[dict[str, float]]:
     return out
 
 
-def summarise(prompts: Sequence[Prompt], answers: Sequence[Answer], counters: list[dict[str, float]]) -> dict[str, Any]:
+def summarise(
+    prompts: Sequence[Prompt], answers: Sequence[Answer], counters: list[dict[str, float]], *, slots: int
+) -> dict[str, Any]:
     """Every figure of one cell, from the engines' answers (and their counters as a cross-check)."""
     by_index = {p.index: p for p in prompts}
     ok = [a for a in answers if a.error is None]
@@ -247,8 +254,20 @@ def summarise(prompts: Sequence[Prompt], answers: Sequence[Answer], counters: li
         "prefill_work_max_over_mean": max(computed) / mean_computed if mean_computed else None,
         "engines_per_group": (sum(len(s) for s in engines_of.values()) / len(engines_of)) if engines_of else None,
         "groups_per_engine": _groups_per_engine(engines_of),
+        "lru_reference_of_placement": _placement_reference(prompts, engines_of, slots=slots),
         "answers": [_record(a, by_index[a.index], t0=sent[0].sent) for a in sent],
     }
+
+
+def _placement_reference(prompts: Sequence[Prompt], engines_of: dict[int, set[str]], *, slots: int) -> float | None:
+    """``lru_reference`` of the router's own placement, when every group stayed on one engine (else None)."""
+    if not engines_of or any(len(w) != 1 for w in engines_of.values()):
+        return None
+    ids = sorted({w for ws in engines_of.values() for w in ws})
+    placement = {g: ids.index(next(iter(ws))) for g, ws in engines_of.items()}
+    if set(placement) != {p.group for p in prompts}:
+        return None
+    return lru_reference(prompts, engines=len(ids), slots=slots, placement=placement)
 
 
 def _groups_per_engine(engines_of: dict[int, set[str]]) -> dict[str, list[int]]:
@@ -322,7 +341,7 @@ def _f(x: Any, fmt: str) -> str:
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     head = (
         "| target | replicas | cached share | oracle | cached/oracle | LRU ref | prefill p50 ms | p90 ms | p90/p50 "
-        "| e2e p50 ms | p99 ms | engines/group | errors |"
+        "| e2e p50 ms | p99 ms | engines/group | LRU ref of its placement | errors |"
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
@@ -332,7 +351,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_f(m['cached_over_oracle'], '.2f')} | {r['lru_reference']:.3f} "
             f"| {_f(m['prefill_ms']['p50'], '.0f')} | {_f(m['prefill_ms']['p90'], '.0f')} "
             f"| {_f(m['prefill_p90_over_p50'], '.1f')} | {_f(m['e2e_ms']['p50'], '.0f')} "
-            f"| {_f(m['e2e_ms']['p99'], '.0f')} | {_f(m['engines_per_group'], '.2f')} | {m['errors']} |"
+            f"| {_f(m['e2e_ms']['p99'], '.0f')} | {_f(m['engines_per_group'], '.2f')} "
+            f"| {_f(m['lru_reference_of_placement'], '.3f')} | {m['errors']} |"
         )
     return "\n".join(lines)
 
@@ -408,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                         wall = time.monotonic() - t0
                     finally:
                         stop_all(routers, kill=True)
-                    metrics = summarise(prompts, answers, engine_counters(engines))
+                    metrics = summarise(prompts, answers, engine_counters(engines), slots=a.slots)
                     doc["rows"].append(
                         {**cell, "wall_s": wall, "lru_reference": reference, "load_average": os.getloadavg()}
                         | {"metrics": metrics}
