@@ -64,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=2, help="slots per server: the prefixes a server can hold")
     p.add_argument("--ctx", type=int, default=0, help="KV tokens per server, split over its slots (0: 4096 a slot)")
     p.add_argument("--threads", type=int, default=1, help="threads per server")
+    p.add_argument(
+        "--engine-port",
+        type=int,
+        default=0,
+        help="port of every server, each on its own 127.0.0.x (0: a free port). smg-router's worker ids, hence"
+        " its rendezvous placement of the groups, are hashes of the URLs: a fixed port makes them repeat",
+    )
     p.add_argument("--groups", type=int, default=0, help="shared-prefix groups (0: 2 x engines x slots)")
     p.add_argument("--questions", type=int, default=10, help="questions per group")
     p.add_argument("--prefix-chars", type=int, default=2000)
@@ -308,7 +315,7 @@ class Fleet:
         fresh = not self.addresses
         try:
             for i in range(self.a.engines):
-                host, port = (next_host(), 0) if fresh else self.addresses[i]
+                host, port = (next_host(), self.a.engine_port) if fresh else self.addresses[i]
                 s = start_llama_server(
                     self.logs,
                     self.model,
