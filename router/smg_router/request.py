@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,10 @@ class ProxyRequest:
     stream: bool
     text: str
     """The routing text: the whole prompt, after the cache namespace marker if it has one."""
+    head: int
+    """Length of the text's head: what every later turn of the same conversation repeats (a chat's messages
+    up to its first user message), where placement looks (``policies.cache_aware``); 0 when the prompt has
+    no such structure (completions, /generate)."""
     body: dict[str, Any]
     """The parsed body (PD mode adds the bootstrap fields to it)."""
     raw: bytes
@@ -93,15 +97,25 @@ def _prompt_text(prompt: Any, field: str) -> str:
 
 
 def chat_text(body: dict[str, Any]) -> str:
+    return chat_text_and_head(body)[0]
+
+
+def chat_text_and_head(body: dict[str, Any]) -> tuple[str, int]:
+    """The routing text of a chat and the length of its head: every message up to the first user message's
+    end, which every later turn of the conversation repeats."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages is required and must be a non-empty list", code="missing_field")
     parts = []
+    head = -1
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("each message must be an object with a string role", code="invalid_field")
         parts.append(f"<|{m['role']}|>{_content_text(m.get('content'))}\n")
-    return "".join(parts)
+        if head < 0 and m["role"] == "user":
+            head = sum(map(len, parts))
+    text = "".join(parts)
+    return text, head if head >= 0 else len(text)
 
 
 def completion_text(body: dict[str, Any]) -> str:
@@ -118,7 +132,16 @@ def generate_text(body: dict[str, Any]) -> str:
     raise BadRequest("text or input_ids is required", code="missing_field")
 
 
-TEXT_OF = {"chat": chat_text, "completions": completion_text, "generate": generate_text}
+def _no_head(text_of: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], tuple[str, int]]:
+    def text_and_head(body: dict[str, Any]) -> tuple[str, int]:
+        return text_of(body), 0
+
+    return text_and_head
+
+
+TEXT_OF = {"chat": chat_text_and_head, "completions": _no_head(completion_text), "generate": _no_head(generate_text)}
+"""Request kind -> (routing text, its head): the head is the part later requests of the same conversation
+repeat (a chat's messages up to its first user message); 0 for a prompt without that structure."""
 NAMESPACE_FIELDS = ("cache_salt", "lora_path", "lora_name", "extra_key")
 """Body fields that give a request a KV cache of its own on the engine (vLLM's ``cache_salt``, SGLang's
 ``lora_path`` and ``extra_key``, a LoRA adapter): requests that differ in them never share cached prefixes."""
@@ -143,11 +166,14 @@ def parse_request(
     if stream is not None and not isinstance(stream, bool):  # a worker may read 1 or "yes" as true: never guess
         raise BadRequest("stream must be true or false", code="invalid_field")
     forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
+    namespace = cache_namespace(body)
+    text, head = TEXT_OF[kind](body)
     return ProxyRequest(
         endpoint=ENDPOINTS[kind],
         requested_model=model,
         stream=stream is True,
-        text=cache_namespace(body) + TEXT_OF[kind](body),
+        text=namespace + text,
+        head=len(namespace) + head if head else 0,
         body=body,
         raw=raw,
         headers=forwarded,

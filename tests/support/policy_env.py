@@ -14,10 +14,12 @@ from smg_router.workers.worker import Worker, WorkerSpec, WorkerStatus
 
 @dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """The two fields a policy reads (``policies.base.RouteRequest``), without the HTTP request around them."""
+    """The fields a policy reads (``policies.base.RouteRequest``), without the HTTP request around them."""
 
     model: str
     text: str
+    head: int = 0
+    """No conversation structure (a plain prompt) unless a test says otherwise."""
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:

@@ -19,7 +19,7 @@ from smg_router.workers.worker import Worker
 
 
 class RouteRequest(Protocol):
-    """What a policy may look at: the model key and the routing text (the whole prompt).
+    """What a policy may look at: the model key, the routing text (the whole prompt) and its head.
 
     The request path's one record (``request.ProxyRequest``) satisfies it; policies never see HTTP.
     """
@@ -28,6 +28,10 @@ class RouteRequest(Protocol):
     def model(self) -> str: ...
     @property
     def text(self) -> str: ...
+    @property
+    def head(self) -> int:
+        """Length of the text's head: the part later turns of the same conversation repeat (0: unknown)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

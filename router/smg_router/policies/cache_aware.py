@@ -8,12 +8,18 @@ routable workers:
    load snapshot (local in-flight alone when the snapshot is stale; counted as ``no_load_data``).
 2. The load gate: a worker is over it when ``load - min > balance_abs_threshold`` AND ``load > min *
    balance_rel_threshold`` (min over the routable workers).
-3. Match: ``rate = matched_chars / len(text)``.  ``rate > cache_threshold`` (strictly) is a hit: the
-   least-loaded routable holder of the deepest matched node that is within the gate (branch ``hit``).  If
-   every holder is over the gate, the request spills (branch ``spill``, fallback ``imbalance``); if no
-   holder is routable, fallback ``stale_tenant``.  Otherwise a miss (branch ``miss``).
-4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the text's leading
-   ``placement_prefix_chars`` (a hash of those chars and the worker's id, itself a hash of its URL) among
+3. Match: ``rate = matched_chars / len(text)``; ``rate > cache_threshold`` (strictly) counts a tree hit
+   (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
+   placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
+   the system prompt every conversation shares says nothing of this one): the least-loaded routable holder of the
+   deepest matched node that is within the gate (branch ``hit``).  If every holder is over the gate, the
+   request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable, fallback
+   ``stale_tenant``.  Everything else is placed (branch ``miss``).  A prompt without a head (completions,
+   ``/generate``: 0) has a hit on the rate alone.
+4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the leading
+   ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message,
+   which every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a
+   hash of those chars and the worker's id, itself a hash of its URL) among
    those whose load is within the placement slack of the least loaded (``max(placement_slack, min *
    placement_slack_ratio)``; when it rules a worker out, fallback ``imbalance``).  Every router replica
    computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
@@ -22,7 +28,7 @@ routable workers:
    place a group on up to 2 workers where pure ranking kept every group on one (12 groups, 4 workers).
 5. Insert the text for the chosen worker, in the same descent as the match.
 
-Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold
+Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 4, balance_rel_threshold
 1.5, placement_prefix_chars 1024, placement_slack 4, placement_slack_ratio 0.25.  A request for a model
 with no tree gets one created on the spot and is counted as ``no_tree`` (the lifecycle should have made it).
 
@@ -105,7 +111,7 @@ class CacheAwarePolicy(Policy):
 
         def choose(match: Match) -> str:
             nonlocal chosen
-            chosen = workers[self._choose_by_match(workers, loads, match, model, text)]
+            chosen = workers[self._choose_by_match(workers, loads, match, model, text, req.head)]
             return chosen.url
 
         tree.match_and_insert(text, choose)
@@ -117,12 +123,20 @@ class CacheAwarePolicy(Policy):
         lo = min(loads)
         return [not (x - lo > s.balance_abs_threshold and x > lo * s.balance_rel_threshold) for x in loads]
 
-    def _choose_by_match(self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, text: str) -> int:
-        m, role = self.ctx.metrics, self.ctx.role
+    def _choose_by_match(
+        self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, text: str, head: int
+    ) -> int:
+        m, role, s = self.ctx.metrics, self.ctx.role, self.ctx.settings
         rate = match.matched_chars / len(text) if text else 0.0
         m.match_ratio.labels(model, role).observe(rate)
-        if rate > self.ctx.settings.cache_threshold:
+        if rate > s.cache_threshold:
             m.cache_hits.labels(model, role).inc()
+        else:
+            m.cache_misses.labels(model, role).inc()
+        # in a conversation the tree decides only when it knows what placement looks at (the head's leading
+        # chars): a match of less (a system prompt every conversation shares) says nothing of this one
+        covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
+        if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
             ok = self._within_gate(loads)
             usable = [i for i in holders if ok[i]]
@@ -132,12 +146,10 @@ class CacheAwarePolicy(Policy):
             if holders:
                 m.decisions.labels(model, role, "spill").inc()
                 self.fallback(model, "imbalance")
-                return self._place(workers, loads, text, model, spilled=True)
+                return self._place(workers, loads, text[: head or len(text)], model, spilled=True)
             self.fallback(model, "stale_tenant")
-        else:
-            m.cache_misses.labels(model, role).inc()
         m.decisions.labels(model, role, "miss").inc()
-        return self._place(workers, loads, text, model, spilled=False)
+        return self._place(workers, loads, text[: head or len(text)], model, spilled=False)
 
     def _place(self, workers: Sequence[Worker], loads: Sequence[int], text: str, model: str, *, spilled: bool) -> int:
         """Rendezvous hashing under the load slack (see the module docstring, 4)."""

@@ -101,7 +101,7 @@ async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and
     logs: Path, pair: list[Sim], made_by: str
 ) -> None:
     urls = [s.url for s in pair]
-    thresholds = ["--balance-abs-threshold", "5", "--balance-rel-threshold", "1.2"]
+    thresholds = ["--balance-abs-threshold", "20", "--balance-rel-threshold", "1.2"]
     if made_by == "alias":
         r = start_router(logs, workers=urls, args=["--policy", "cacheaware", *thresholds])
     else:
@@ -119,10 +119,21 @@ async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and
                 assert resp.status == 200
                 holder = next(w["url"] for w in r.workers() if w["id"] == resp.headers["x-smg-worker-id"])
             other = next(u for u in urls if u != holder)
-            # a backlog of 10 on the holder: over the load gate under the configured thresholds (5, 1.2), not
-            # under the defaults (64, 1.5)
+            # a backlog of 10 on the holder: over the load gate under the defaults (4, 1.5), not under the
+            # configured thresholds (20, 1.2): the holder keeps its hits
+            # (they queue behind the flood there: seen in flight from the router to the holder, then let go)
             async with flood(holder, 10):
                 await _wait_backlog(r, holder, 10)
+                async with flood(r.url, 2, prompt=body["prompt"], max_tokens=1):
+                    await asyncio.to_thread(
+                        wait_until,
+                        lambda: _worker(r, holder)["load"]["inflight"] == 2,
+                        what="both hits in flight to the holder",
+                    )
+                    assert _worker(r, other)["load"]["inflight"] == 0
+            # a backlog of 30: over the configured gate too
+            async with flood(holder, 30):
+                await _wait_backlog(r, holder, 25)
                 for _ in range(3):
                     async with s.post(r.url + "/v1/completions", json=body) as resp:
                         assert resp.status == 200
@@ -135,6 +146,6 @@ async def test_global_backlog_policies_made_by_alias_or_label_use_thresholds_and
                     b: metric_value(text, "smg_routing_decisions_total", model=MODEL, branch=b)
                     for b in ("hit", "miss", "spill")
                 }
-                assert branches == {"hit": 2, "miss": 1, "spill": 1}, branches
+                assert branches == {"hit": 4, "miss": 1, "spill": 1}, branches
     finally:
         r.stop()

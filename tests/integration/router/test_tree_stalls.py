@@ -110,10 +110,10 @@ class Requests:
 
 
 class _Req:
-    __slots__ = ("model", "text")
+    __slots__ = ("head", "model", "text")
 
     def __init__(self, model: str, text: str) -> None:
-        self.model, self.text = model, text
+        self.model, self.text, self.head = model, text, 0  # a plain prompt
 
 
 async def _worker(core: RouterCore, n: int) -> Worker:

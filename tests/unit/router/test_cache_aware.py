@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from smg_router.policies.registry import PolicyRegistry
 from support.policy_env import Env, RouteRequest, make_worker
@@ -101,7 +103,7 @@ def test_imbalance_uses_backend_backlog_even_without_local_inflight(env: Env) ->
 
 
 @pytest.mark.parametrize(
-    ("hi", "lo", "imbalanced"), [(65, 0, True), (64, 0, False), (200, 140, False), (300, 100, True)]
+    ("hi", "lo", "imbalanced"), [(5, 0, True), (4, 0, False), (200, 140, False), (300, 100, True)]
 )
 def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> None:
     env = Env()
@@ -335,7 +337,7 @@ def test_a_hit_on_a_holder_over_the_load_gate_spills_to_the_rendezvous_choice(en
     p = _policy(env, workers)
     text = "shared prompt " * 50
     holder = p.select(workers, RouteRequest("m", text), NOW)
-    env.loads.record(holder.id, 500, at=NOW)  # far over the gate (abs 64, rel 1.5)
+    env.loads.record(holder.id, 500, at=NOW)  # far over the gate (abs 4, rel 1.5)
     spilled = p.select(workers, RouteRequest("m", text), NOW)
     assert spilled is not holder
     branches = {
@@ -422,3 +424,27 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
     ):
         with pytest.raises(SystemExit):
             parse_settings(bad)
+
+
+def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> None:
+    """Placement hashes the head of a chat (up to its first user message), which every later turn repeats:
+    a replica that sees turn 5 of a conversation first sends it where another replica sent turn 1."""
+    from smg_router.request import parse_request
+
+    system = {"role": "system", "content": "You are a helpful assistant. " * 15}  # ~430 chars, shared by all
+
+    def turn(session: int, n: int) -> RouteRequest:
+        messages = [system, {"role": "user", "content": f"session {session}: first question"}]
+        for k in range(1, n):
+            messages += [{"role": "assistant", "content": "an answer " * 30}, {"role": "user", "content": f"q{k}"}]
+        req = parse_request("chat", json.dumps({"messages": messages}).encode())
+        return RouteRequest("m", req.text, req.head)
+
+    firsts, lasts = {}, {}
+    _, a, wa = _replica(cache_threshold=0.99)  # every request a miss: placement alone decides
+    _, b, wb = _replica(cache_threshold=0.99)
+    for session in range(30):
+        firsts[session] = a.select(wa, turn(session, 1), NOW).url
+        lasts[session] = b.select(wb, turn(session, 5), NOW).url
+    assert firsts == lasts
+    assert len(set(firsts.values())) == 3  # sessions spread although they share the system prompt

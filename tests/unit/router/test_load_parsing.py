@@ -163,7 +163,7 @@ def test_the_kv_capacity_comes_from_loads_and_from_sglang_or_vllm_metrics() -> N
     two_ranks = {"loads": [{"num_running_reqs": 1, "max_total_num_tokens": 7000}, {"max_total_num_tokens": 5000}]}
     assert parse_loads_report(json.dumps(two_ranks).encode()) == (1, 12000)
     assert parse_loads_report(b'{"loads": [{"num_running_reqs": 2}]}') == (2, None)
-    sglang = "sglang:num_running_reqs 2\nsglang:max_total_num_tokens{model_name=\"m\"} 7000\n"
+    sglang = 'sglang:num_running_reqs 2\nsglang:max_total_num_tokens{model_name="m"} 7000\n'
     assert parse_metrics_report(sglang) == (2, 7000)
     vllm = (
         'vllm:num_requests_running{model_name="m"} 3\n'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from smg_router.errors import BadRequest
 from smg_router.fleet.load_monitor import parse_loads, parse_metrics
@@ -90,3 +92,22 @@ def test_worker_urls_are_validated(bad: object) -> None:
 
 def test_worker_url_is_normalised() -> None:
     assert normalize_url("http://127.0.0.2:8000/") == "http://127.0.0.2:8000"
+
+
+def test_the_head_of_a_chat_ends_with_its_first_user_message() -> None:
+    from smg_router.request import parse_request
+
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "answer"},
+        {"role": "user", "content": "second"},
+    ]
+    req = parse_request("chat", json.dumps({"messages": messages}).encode())
+    assert req.text[: req.head] == "<|system|>sys\n<|user|>first\n"
+    no_user = parse_request("chat", json.dumps({"messages": messages[:1]}).encode())
+    assert no_user.head == len(no_user.text)
+    salted = parse_request("chat", json.dumps({"messages": messages, "cache_salt": "s"}).encode())
+    assert salted.text[: salted.head].endswith("<|user|>first\n") and salted.text.startswith("\x00cache_salt=")
+    plain = parse_request("completions", b'{"prompt": "abc"}')
+    assert plain.head == 0 and plain.text == "abc"
