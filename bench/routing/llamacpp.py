@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"skip {target.name}: no {a.rust_bin}", file=sys.stderr)
                         continue
                     engines = fleet.restart()
+                    head, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain", "router"))
                     launch = Launch(
                         target=target,
                         workers=[e.url for e in engines],
@@ -438,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                     metrics = summarise(prompts, answers, engine_counters(engines), slots=a.slots)
                     doc["rows"].append(
                         {**cell, "wall_s": wall, "lru_reference": reference, "load_average": os.getloadavg()}
+                        | {"head": head, "router_dirty": dirty}
                         | {"metrics": metrics}
                     )
                     save()
