@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
+    """One request of the plan: its position, its group (document) and the prompt text."""
+
     index: int
     group: int
     text: str
