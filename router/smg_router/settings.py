@@ -51,10 +51,6 @@ class PolicySettings:
     over the routable workers, under the load gate): every router replica places a new prefix on the same
     worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
     shared system prompt, short enough to be the same for every request of a group."""
-    placement_slack: int = 4
-    placement_slack_ratio: float = 0.25
-    """A new prompt may go to any worker whose load is within max(placement_slack, least load times
-    placement_slack_ratio) of the least loaded; rendezvous picks among those."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
@@ -244,18 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="leading chars of a new prompt hashed to place it (the same worker on every replica)",
     )
     add(
-        "--placement-slack",
-        pol.placement_slack,
-        type=int,
-        help="a new prompt may go to a worker this many requests above the least loaded ...",
-    )
-    add(
-        "--placement-slack-ratio",
-        pol.placement_slack_ratio,
-        type=float,
-        help="... or the least load times this, whichever is more",
-    )
-    add(
         "--tree-chars-per-token",
         pol.tree_chars_per_token,
         type=float,
@@ -342,8 +326,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
-    if a.placement_slack < 0 or not 0.0 <= a.placement_slack_ratio < 1e6:
-        parser.error("--placement-slack and --placement-slack-ratio must be 0 or more")
     if a.placement_prefix_chars < 1:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
@@ -416,8 +398,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
-            placement_slack=a.placement_slack,
-            placement_slack_ratio=a.placement_slack_ratio,
             tree_chars_per_token=a.tree_chars_per_token,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,

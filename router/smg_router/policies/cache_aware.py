@@ -20,8 +20,8 @@ routable workers:
    ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message,
    which every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a
    hash of those chars and the worker's id, itself a hash of its URL) among
-   those whose load is within the placement slack of the least loaded (``max(placement_slack, min *
-   placement_slack_ratio)``; when it rules a worker out, fallback ``imbalance``).  Every router replica
+   those within the load gate (the same gate as for hits: one rule for "too busy"; when it rules a worker
+   out, fallback ``imbalance``).  Every router replica
    computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
    to the same worker, and only load moves it.  Nothing local (what this replica's tree holds per worker)
    takes part: replicas see different parts of the traffic, and a bound on local shares made 8 replicas
@@ -29,7 +29,7 @@ routable workers:
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 4, balance_rel_threshold
-1.5, placement_prefix_chars 1024, placement_slack 4, placement_slack_ratio 0.25.  A request for a model
+1.5, placement_prefix_chars 1024.  A request for a model
 with no tree gets one created on the spot and is counted as ``no_tree`` (the lifecycle should have made it).
 
 Upkeep is off the request path: ``select`` never evicts.  ``sync`` detaches a worker that left from its
@@ -152,16 +152,15 @@ class CacheAwarePolicy(Policy):
         return self._place(workers, loads, text[: head or len(text)], model, spilled=False)
 
     def _place(self, workers: Sequence[Worker], loads: Sequence[int], text: str, model: str, *, spilled: bool) -> int:
-        """Rendezvous hashing under the load slack (see the module docstring, 4)."""
+        """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""
         s = self.ctx.settings
-        lo = min(loads)
-        limit = lo + max(s.placement_slack, lo * s.placement_slack_ratio)
-        if not spilled and max(loads) > limit:  # a spill is counted already
+        ok = self._within_gate(loads)
+        if not spilled and not all(ok):  # a spill is counted already
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out
         key = placement_key(text, s.placement_prefix_chars)
         best, best_score = 0, -1
         for i, w in enumerate(workers):
-            if loads[i] <= limit:
+            if ok[i]:
                 score = rendezvous_score(key, w.id)
                 if score > best_score:
                     best, best_score = i, score

@@ -102,9 +102,7 @@ def test_imbalance_uses_backend_backlog_even_without_local_inflight(env: Env) ->
     )
 
 
-@pytest.mark.parametrize(
-    ("hi", "lo", "imbalanced"), [(5, 0, True), (4, 0, False), (200, 140, False), (300, 100, True)]
-)
+@pytest.mark.parametrize(("hi", "lo", "imbalanced"), [(5, 0, True), (4, 0, False), (200, 140, False), (300, 100, True)])
 def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> None:
     env = Env()
     workers = [make_worker(i) for i in (2, 3)]
@@ -131,7 +129,9 @@ def test_local_inflight_wins_over_an_older_idle_snapshot(env: Env) -> None:
         w = p.select(workers, RouteRequest("m", f"burst {i} " + "z" * 50), NOW)
         w.inflight += 1  # still running: the proxy holds it
         seen.append(w)
-        assert abs(workers[0].inflight - workers[1].inflight) <= env.settings.placement_slack + 1
+        lo = min(w.inflight for w in workers)
+        gate = max(env.settings.balance_abs_threshold, (env.settings.balance_rel_threshold - 1) * lo)
+        assert abs(workers[0].inflight - workers[1].inflight) <= gate + 1
     assert {w.url for w in seen} == {w.url for w in workers}
 
 
@@ -400,25 +400,13 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
     from smg_router.settings import PolicySettings, parse_settings
 
     d = PolicySettings()
-    assert (d.placement_prefix_chars, d.placement_slack, d.placement_slack_ratio, d.tree_chars_per_token) == (
-        1024,
-        4,
-        0.25,
-        3.0,
-    )
+    assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_abs_threshold) == (1024, 3.0, 4)
     monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
     monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
-    got = parse_settings(["--placement-slack", "8", "--placement-slack-ratio", "0.5"]).policy
-    assert (got.placement_prefix_chars, got.placement_slack, got.placement_slack_ratio, got.tree_chars_per_token) == (
-        256,
-        8,
-        0.5,
-        1.0,
-    )
+    got = parse_settings([]).policy
+    assert (got.placement_prefix_chars, got.tree_chars_per_token) == (256, 1.0)
     for bad in (
         ["--placement-prefix-chars", "0"],
-        ["--placement-slack", "-1"],
-        ["--placement-slack-ratio", "nan"],
         ["--tree-chars-per-token", "-1"],
         ["--tree-chars-per-token", "nan"],
     ):
