@@ -96,10 +96,6 @@ def _prompt_text(prompt: Any, field: str) -> str:
     raise BadRequest(f"{field} must be a string, a list of strings or a list of token ids", code="invalid_field")
 
 
-def chat_text(body: dict[str, Any]) -> str:
-    return chat_text_and_head(body)[0]
-
-
 def chat_text_and_head(body: dict[str, Any]) -> tuple[str, int]:
     """The routing text of a chat and the length of its head: every message up to the first user message's
     end, which every later turn of the conversation repeats."""
