@@ -56,11 +56,11 @@ class PolicySettings:
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
     does.  On the low side of English text (~4 chars a token): forgetting early costs little, since a
     forgotten prefix is placed by rendezvous on the worker that most likely still holds it.  0: no cap."""
-    warmup_fraction: float = 0.5
-    """A worker whose share of a model's tree is below this times the mean share of that model's workers
-    (a new worker, or one whose engine lost its cache) is warming up: a hit whose rendezvous choice is that
-    worker goes to it when it is no busier than the holders (branch ``warmup``), so it takes up its share of
-    the groups every replica would place there, instead of only the new groups that arrive.  0: off."""
+    warmup_seconds: float = 120.0
+    """A worker that joined a fleet already serving (new, or back after its engine lost its cache) warms up
+    for this long, while it holds less than the mean share of a model's tree: a hit whose rendezvous choice
+    is that worker goes to it when it is no busier than the holders (branch ``warmup``), so it takes up the
+    groups every replica would have placed there, instead of only the new groups that arrive.  0: off."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -251,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a worker's tree share is capped at its engine's KV tokens times this (0: no cap)",
     )
     add(
-        "--warmup-fraction",
-        pol.warmup_fraction,
+        "--warmup-seconds",
+        pol.warmup_seconds,
         type=float,
-        help="a worker holding less than this times the mean tree share takes the hits placed on it (0: off)",
+        help="a worker that joined a serving fleet takes the hits placed on it for this long (0: off)",
     )
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
@@ -341,8 +341,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
         parser.error("--tree-chars-per-token must be 0 (no cap) or a positive number of chars")
-    if not 0.0 <= a.warmup_fraction <= 1.0:
-        parser.error("--warmup-fraction must be between 0 (off) and 1")
+    if not 0.0 <= a.warmup_seconds < 1e9:  # NaN fails this too
+        parser.error("--warmup-seconds must be 0 (off) or a positive number of seconds")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -412,7 +412,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
             tree_chars_per_token=a.tree_chars_per_token,
-            warmup_fraction=a.warmup_fraction,
+            warmup_seconds=a.warmup_seconds,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),
