@@ -75,8 +75,18 @@ class Metrics:
         self.decisions = Counter(
             "smg_routing_decisions",
             "Cache-aware decisions by branch: hit (a holder of the deepest match), miss (placed by rendezvous "
-            "hashing), spill (every holder over the load gate; placed by rendezvous among the others)",
+            "hashing), namespace (a miss in a cache namespace: cache_salt, LoRA), spill (every holder over the "
+            "load gate; placed by rendezvous among the others), warmup (a hit sent to a warming worker that "
+            "rendezvous places it on)",
             ("model", "role", "branch"),
+            registry=r,
+        )
+        self.matched_chars = Counter(
+            "smg_routing_matched_chars",
+            "Prefix chars cache-aware routing found in the tree: of=fleet the deepest match any worker holds, "
+            "of=chosen the part of it the chosen worker holds (hits; placed requests only when placement chose "
+            "a holder); their ratio is what load gating and warm-up cost in reuse",
+            ("model", "role", "of"),
             registry=r,
         )
         self.fallbacks = Counter(

@@ -233,6 +233,7 @@ class LoadMonitor:
     async def poll(self, worker: Worker) -> int | None:
         """Poll one worker now: record its backlog, or count and log why there is none.  Never raises."""
         error: BaseException | None = None
+        inflight = worker.inflight  # what the engine's figure already counts of ours
         try:
             async with asyncio.timeout(self._settings.timeout):
                 report = await self._read(worker)
@@ -245,7 +246,7 @@ class LoadMonitor:
         else:
             load = report.backlog
             if self._registry.get(worker.id) is worker:  # not removed while we were polling
-                self._loads.record(worker.id, load, at=time.monotonic(), kv_tokens=report.kv_tokens)
+                self._loads.record(worker.id, load, at=time.monotonic(), kv_tokens=report.kv_tokens, inflight=inflight)
                 self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
                 if self._failing.pop(worker.id, None) is not None:
                     log.info("worker %s load poll recovered", worker.url)

@@ -17,6 +17,9 @@ from smg_router.settings import PolicySettings
 from smg_router.workers.load import LoadView
 from smg_router.workers.worker import Worker
 
+NAMESPACE_MARK = "\x00"
+"""A routing text that starts with this is in a cache namespace of its own (``request.cache_namespace``)."""
+
 
 class RouteRequest(Protocol):
     """What a policy may look at: the model key, the routing text (the whole prompt) and its head.

@@ -45,9 +45,10 @@ tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from smg_router.policies.base import Policy, PolicyContext, RouteRequest, least_loaded
+from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -72,11 +73,24 @@ class CacheAwarePolicy(Policy):
         self._retired: list[tuple[str, RadixTree]] = []
         """Trees of models that left, their tenants detached, until upkeep has reclaimed their nodes
         (dropping a big tree at once would free it all in one go, or leave cycles for a full collection)."""
+        self._joined: dict[str, tuple[int, float]] = {}
+        """worker url -> (sync round, monotonic time) it appeared in; a worker that left and came back is new."""
+        self._syncs = 0
+        self._warm_until = 0.0
+        """Monotonic time the last newcomer's warm-up ends (a cheap test on the request path)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
         """Make the trees match the reachable workers: a tree per model, no tenant that left."""
         wanted: dict[str, set[str]] = {}
+        self._syncs += 1
+        now = time.monotonic()
+        urls = {w.url for w in workers}
+        self._joined = {u: self._joined.get(u) or (self._syncs, now) for u in urls}
+        if self._joined:
+            first = min(r for r, _ in self._joined.values())
+            ends = [at for r, at in self._joined.values() if r > first]
+            self._warm_until = max(ends) + self.ctx.settings.warmup_seconds if ends else 0.0
         for w in workers:
             wanted.setdefault(w.model_id or "", set()).add(w.url)  # "": the workers of a model not known yet
         for model in wanted:
@@ -111,7 +125,7 @@ class CacheAwarePolicy(Policy):
 
         def choose(match: Match) -> str:
             nonlocal chosen
-            chosen = workers[self._choose_by_match(workers, loads, match, model, text, req.head)]
+            chosen = workers[self._choose_by_match(workers, loads, match, tree, model, text, req.head)]
             return chosen.url
 
         tree.match_and_insert(text, choose)
@@ -124,7 +138,14 @@ class CacheAwarePolicy(Policy):
         return [not (x - lo > s.balance_abs_threshold and x > lo * s.balance_rel_threshold) for x in loads]
 
     def _choose_by_match(
-        self, workers: Sequence[Worker], loads: list[int], match: Match, model: str, text: str, head: int
+        self,
+        workers: Sequence[Worker],
+        loads: list[int],
+        match: Match,
+        tree: RadixTree,
+        model: str,
+        text: str,
+        head: int,
     ) -> int:
         m, role, s = self.ctx.metrics, self.ctx.role, self.ctx.settings
         rate = match.matched_chars / len(text) if text else 0.0
@@ -133,31 +154,42 @@ class CacheAwarePolicy(Policy):
             m.cache_hits.labels(model, role).inc()
         else:
             m.cache_misses.labels(model, role).inc()
+        m.matched_chars.labels(model, role, "fleet").inc(match.matched_chars)
+        key_text = text[: head or len(text)]
+        ok = self._within_gate(loads)
         # in a conversation the tree decides only when it knows what placement looks at (the head's leading
         # chars): a match of less (a system prompt every conversation shares) says nothing of this one
         covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
         if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
-            ok = self._within_gate(loads)
             usable = [i for i in holders if ok[i]]
             if usable:
+                best = least_loaded(workers, loads, usable)
+                warming = self._warming(workers, tree)
+                if warming:
+                    home = self._place(workers, ok, key_text)
+                    if home in warming and home not in holders and loads[home] <= loads[best]:
+                        m.decisions.labels(model, role, "warmup").inc()
+                        return home
                 m.decisions.labels(model, role, "hit").inc()
-                return least_loaded(workers, loads, usable)
+                m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
+                return best
             if holders:
                 m.decisions.labels(model, role, "spill").inc()
                 self.fallback(model, "imbalance")
-                return self._place(workers, loads, text[: head or len(text)], model, spilled=True)
+                return self._place(workers, ok, key_text)
             self.fallback(model, "stale_tenant")
-        m.decisions.labels(model, role, "miss").inc()
-        return self._place(workers, loads, text[: head or len(text)], model, spilled=False)
+        if not all(ok):
+            self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
+        chosen = self._place(workers, ok, key_text)
+        if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
+            m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
+        m.decisions.labels(model, role, "namespace" if text.startswith(NAMESPACE_MARK) else "miss").inc()
+        return chosen
 
-    def _place(self, workers: Sequence[Worker], loads: Sequence[int], text: str, model: str, *, spilled: bool) -> int:
+    def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
         """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""
-        s = self.ctx.settings
-        ok = self._within_gate(loads)
-        if not spilled and not all(ok):  # a spill is counted already
-            self.fallback(model, "imbalance")  # the workers' backlog ruled some out
-        key = placement_key(text, s.placement_prefix_chars)
+        key = placement_key(text, self.ctx.settings.placement_prefix_chars)
         best, best_score = 0, -1
         for i, w in enumerate(workers):
             if ok[i]:
@@ -165,6 +197,22 @@ class CacheAwarePolicy(Policy):
                 if score > best_score:
                     best, best_score = i, score
         return best
+
+    def _warming(self, workers: Sequence[Worker], tree: RadixTree) -> set[int]:
+        """The newcomers still warming up: joined after the fleet's first workers (the router's own start is no
+        warm-up: everyone is empty then), less than warmup_seconds ago, and holding less of this tree than the
+        mean share of the workers."""
+        now = time.monotonic()
+        if now >= self._warm_until:
+            return set()
+        joined = [self._joined.get(w.url, (0, 0.0)) for w in workers]
+        first = min(r for r, _ in joined)
+        since = now - self.ctx.settings.warmup_seconds
+        new = [i for i, (r, at) in enumerate(joined) if r > first and at > since]
+        if not new:
+            return set()
+        mean = sum(tree.tenant_size(w.url) for w in workers) / len(workers)
+        return {i for i in new if tree.tenant_size(workers[i].url) < mean}
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

@@ -12,22 +12,31 @@ from smg_router.workers.worker import Worker
 
 
 class LoadView:
-    """Effective load = max(backend running + waiting, local in-flight) while the backend figure is fresh.
+    """Effective load = max(backend + dispatched since the poll, local in-flight) while the backend figure is
+    fresh: the workers' global backlog (every replica's requests), plus what this router sent since it was read.
 
-    The ``max`` keeps one router from stampeding a worker that looked idle at the last poll; a stale or
-    missing figure leaves the local in-flight count alone (the caller counts a ``no_load_data`` fallback).
+    "Dispatched since the poll" is how far this router's in-flight count grew since the poll went out
+    (optimistic accounting: a burst between two polls sees each request it sends, instead of a figure that
+    stays flat until the next poll and herds the burst onto one worker; requests that finished take their
+    share back out).  The ``max`` with local in-flight keeps one router from stampeding a worker that looked
+    idle at the last poll; a stale or missing figure leaves the local in-flight count alone (the caller
+    counts a ``no_load_data`` fallback).
     """
 
     __slots__ = ("_entries", "_kv_tokens", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
-        self._entries: dict[str, tuple[int, float]] = {}
+        self._entries: dict[str, tuple[int, float, int]] = {}
+        """worker id -> (backend running + waiting, when polled, this router's in-flight when the poll went out)"""
         self._kv_tokens: dict[str, int] = {}
 
-    def record(self, worker_id: str, load: int, *, at: float | None = None, kv_tokens: int | None = None) -> None:
-        """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one."""
-        self._entries[worker_id] = (load, time.monotonic() if at is None else at)
+    def record(
+        self, worker_id: str, load: int, *, at: float | None = None, kv_tokens: int | None = None, inflight: int = 0
+    ) -> None:
+        """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one.
+        ``inflight``: this router's in-flight count for the worker when the poll was sent (in the backlog)."""
+        self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight)
         if kv_tokens is not None:
             self._kv_tokens[worker_id] = kv_tokens
 
@@ -45,14 +54,15 @@ class LoadView:
         entry = self._entries.get(worker_id)
         if entry is None:
             return None
-        load, at = entry
+        load, at, _ = entry
         if (time.monotonic() if now is None else now) - at > self.max_age:
             return None
         return load
 
     def effective(self, worker: Worker, now: float) -> tuple[int, bool]:
         """(effective load, whether a fresh backend figure was used)."""
-        backend = self.backend(worker.id, now)
-        if backend is None:
+        entry = self._entries.get(worker.id)
+        if entry is None or now - entry[1] > self.max_age:
             return worker.inflight, False
-        return max(backend, worker.inflight), True
+        load, _, inflight_then = entry
+        return max(load + max(0, worker.inflight - inflight_then), worker.inflight), True

@@ -436,3 +436,99 @@ def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> No
         lasts[session] = b.select(wb, turn(session, 5), NOW).url
     assert firsts == lasts
     assert len(set(firsts.values())) == 3  # sessions spread although they share the system prompt
+
+
+def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog(env: Env) -> None:
+    """Optimistic accounting: the snapshot already counts every replica's requests; what this router sent
+    since the poll went out comes on top, so a burst spills at the gate instead of piling onto the holder
+    until its own in-flight count alone passes the snapshot (the old max(snapshot, in-flight))."""
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    text = "hot prefix " * 60
+    holder = p.select(workers, RouteRequest("m", text), NOW)
+    other = next(w for w in workers if w is not holder)
+    env.loads.record(holder.id, 3, at=NOW, inflight=0)  # 3 running, none of them ours
+    env.loads.record(other.id, 3, at=NOW, inflight=0)
+    got = []
+    for _ in range(6):
+        w = p.select(workers, RouteRequest("m", text + "?"), NOW)
+        w.inflight += 1  # the proxy's guard holds it
+        got.append(w)
+    assert got[:5] == [holder] * 5  # 3 + 4 = 7: within abs 4 of the other's 3
+    assert got[5] is other  # 3 + 5 = 8 is over the gate: spilled
+    # requests that finished take their share back out; the poll's own count of ours is not counted twice
+    holder.inflight = 0
+    env.loads.record(holder.id, 3, at=NOW, inflight=5)
+    assert env.loads.effective(holder, NOW) == (3, True)
+
+
+def _grow(p, workers, groups: list[str], question: str = "") -> dict[str, str]:
+    """One request per group (its head: the group's prompt, as a chat's system message), {group: worker url}."""
+    placed = {}
+    for text in groups:
+        placed[text] = p.select(workers, RouteRequest("m", text + question, head=len(text)), NOW).url
+    return placed
+
+
+def test_a_worker_that_joins_a_serving_fleet_takes_up_the_groups_rendezvous_places_on_it(env: Env) -> None:
+    """Warm-up: a newcomer holds nothing, so hits would never reach it; while it holds less than the mean
+    share, a hit whose rendezvous choice (over the fleet with it) is the newcomer goes there (branch warmup),
+    and only those: every other group stays where it is cached."""
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
+    before = _grow(p, workers, groups)
+    newcomer = make_worker(5)
+    env.loads.record(newcomer.id, 0, at=NOW)
+    fleet = [*workers, newcomer]
+    p.sync(fleet)
+    _, fresh_replica, fresh_workers = _replica((2, 3, 4, 5))  # where a fleet of four places each group
+    home = _grow(fresh_replica, fresh_workers, groups)
+    moved = [g for g in groups if home[g] == newcomer.url]
+    assert 3 <= len(moved) <= 20, len(moved)
+    after = _grow(p, fleet, groups, " next question")
+    assert {g for g in groups if after[g] == newcomer.url} == set(moved)
+    assert all(after[g] == before[g] for g in groups if g not in moved)
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == len(moved)
+    # a moved group is now held there too: its next request is a plain hit
+    assert {g for g, url in _grow(p, fleet, moved, " third").items() if url == newcomer.url} == set(moved)
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == len(moved)
+
+
+def test_no_warm_up_when_it_is_off_or_for_the_fleet_the_router_started_with() -> None:
+    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
+    for settings, late in (({"warmup_seconds": 0}, True), ({}, False)):
+        env = Env(**settings)
+        workers = [make_worker(i) for i in (2, 3, 4)]
+        p = _policy(env, workers if late else [*workers, make_worker(5)])
+        fleet = [*workers, make_worker(5)]
+        env.loads.record(fleet[3].id, 0, at=NOW)
+        if late:
+            _grow(p, workers, groups)
+            p.sync(fleet)
+        else:  # the fourth was there from the start but held nothing (placement never chose it: left out)
+            _grow(p, workers, groups)
+        before = env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit")
+        _grow(p, fleet, groups, " again")
+        assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == 0
+        assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit") == before + 40
+
+
+def test_decisions_name_the_namespace_and_count_the_match_offered_against_the_match_chosen(env: Env) -> None:
+    from smg_router.request import cache_namespace
+
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    text = "shared prompt " * 50
+    holder = p.select(workers, RouteRequest("m", text), NOW)  # a miss: nothing matched
+    p.select(workers, RouteRequest("m", cache_namespace({"cache_salt": "t1"}) + text), NOW)
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="namespace") == 1
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 1
+    p.select(workers, RouteRequest("m", text + "more"), NOW)  # a hit on the whole text
+    offered = env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="fleet")
+    chosen = env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="chosen")
+    assert offered == chosen == len(text)
+    env.loads.record(holder.id, 500, at=NOW)  # the holder is over the gate: the next one spills
+    p.select(workers, RouteRequest("m", text + "again"), NOW)
+    assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="fleet") == 2 * len(text)
+    assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="chosen") == len(text)
