@@ -66,7 +66,7 @@ class RouterCore:
             upstream=self.upstream,
             metrics=self.metrics,
             retry=settings.retry,
-            pd_mode=settings.pd.enabled,
+            pd_mode=settings.pd.mode if settings.pd.enabled else None,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(

@@ -20,7 +20,7 @@ from aiohttp import web
 from smg_router.attempt import Attempts, is_retryable
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
-from smg_router.pd import PDDispatcher
+from smg_router.pd import PDDispatcher, pd_dispatcher
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.relay import Relay
 from smg_router.request import ProxyRequest
@@ -40,7 +40,7 @@ class Proxy:
         upstream: Upstream,
         metrics: Metrics,
         retry: RetrySettings,
-        pd_mode: bool = False,
+        pd_mode: str | None = None,
     ) -> None:
         self._registry = registry
         self._upstream = upstream
@@ -48,11 +48,11 @@ class Proxy:
         self._retry = retry
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
         self.relay = Relay(metrics=metrics)
-        self._pd = (
-            PDDispatcher(attempts=self._attempts, upstream=upstream, relay=self.relay, metrics=metrics)
-            if pd_mode
-            else None
-        )
+        self._pd: PDDispatcher | None = None
+        if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
+            self._pd = pd_dispatcher(
+                pd_mode, attempts=self._attempts, upstream=upstream, relay=self.relay, metrics=metrics, retry=retry
+            )
 
     async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""

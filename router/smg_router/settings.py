@@ -149,11 +149,18 @@ class ServerSettings:
     log_level: str = "info"
 
 
+PD_MODES = ("sglang", "vllm")
+"""How the KV moves from prefill to decode: SGLang's bootstrap rooms, or vLLM's ``kv_transfer_params``."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PDSettings:
-    """Prefill/decode disaggregation (SGLang bootstrap mode)."""
+    """Prefill/decode disaggregation."""
 
     enabled: bool = False
+    mode: str = "sglang"
+    """``sglang``: both legs at once with bootstrap fields; ``vllm``: prefill first (``max_tokens: 1``), then the
+    decode with the ``kv_transfer_params`` the prefill returned (``smg_router.pd``)."""
     prefill: tuple[tuple[str, int | None], ...] = ()
     """(url, bootstrap port) of the prefill workers given on the command line."""
     decode: tuple[str, ...] = ()
@@ -214,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=str(_env("pd-disaggregation", "")).lower() in ("1", "true", "yes"),
         help="prefill/decode disaggregation: route each request to a prefill and a decode worker",
+    )
+    add(
+        "--pd-mode",
+        "sglang",
+        help=f"PD protocol: {' or '.join(PD_MODES)} (sglang: bootstrap rooms, both legs at once; vllm: the prefill "
+        "leg first with max_tokens 1, then the decode leg with the kv_transfer_params it returned)",
     )
     p.add_argument(
         "--prefill",
@@ -379,12 +392,16 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             normalize_url(url)
         except SpecError as e:
             parser.error(f"worker URL {e}")
+    if a.pd_mode not in PD_MODES:
+        parser.error(f"--pd-mode must be one of {', '.join(PD_MODES)}, got {a.pd_mode!r}")
+    if a.pd_mode != "sglang" and not a.pd_disaggregation:
+        parser.error("--pd-mode needs --pd-disaggregation")
     if (prefill or decode) and not a.pd_disaggregation:
         parser.error("--prefill and --decode need --pd-disaggregation")
     if a.pd_disaggregation and a.worker_urls:
         parser.error("--worker-urls cannot be combined with --pd-disaggregation (use --prefill and --decode)")
     return Settings(
-        pd=PDSettings(enabled=a.pd_disaggregation, prefill=tuple(prefill), decode=tuple(decode)),
+        pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host,
             port=a.port,

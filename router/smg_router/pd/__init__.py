@@ -1,5 +1,42 @@
-"""pd: prefill/decode disaggregation (DESIGN 2.6); below ``proxy``, above ``relay`` and ``attempt``."""
+"""pd: prefill/decode disaggregation (DESIGN 2.6), below ``proxy`` and above ``relay`` and ``attempt``.
 
-from smg_router.pd.bootstrap import PDDispatcher
+One interface, ``PDDispatcher.forward``, and one module per way the KV moves from a prefill to a decode
+worker: ``bootstrap`` (SGLang: both legs at once, paired through a bootstrap room; ``--pd-mode sglang``, the
+default) and ``vllm`` (vLLM: the prefill leg first, then the decode leg with the ``kv_transfer_params`` the
+prefill returned; ``--pd-mode vllm``).  Both choose their workers through the same ``Attempts`` (the PD
+policy slots), send through ``legs`` and answer through the same ``Relay``.
+"""
 
-__all__ = ["PDDispatcher"]
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiohttp import web
+
+from smg_router.attempt import Attempts
+from smg_router.metrics import Metrics
+from smg_router.pd.bootstrap import BootstrapDispatcher
+from smg_router.pd.vllm import VllmDispatcher
+from smg_router.relay import Relay
+from smg_router.request import ProxyRequest
+from smg_router.settings import PD_MODES, RetrySettings
+from smg_router.upstream import Upstream
+
+__all__ = ["PD_MODES", "PDDispatcher", "pd_dispatcher"]
+
+
+class PDDispatcher(Protocol):
+    """Answers one PD-mode request: choose a prefill and a decode worker, hand the KV over, relay the decode."""
+
+    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse: ...
+
+
+def pd_dispatcher(
+    mode: str, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics, retry: RetrySettings
+) -> PDDispatcher:
+    """The dispatcher of ``--pd-mode``: ``sglang`` (bootstrap rooms) or ``vllm`` (kv_transfer_params)."""
+    if mode == "sglang":
+        return BootstrapDispatcher(attempts=attempts, upstream=upstream, relay=relay, metrics=metrics)
+    if mode == "vllm":
+        return VllmDispatcher(attempts=attempts, upstream=upstream, relay=relay, metrics=metrics, retry=retry)
+    raise ValueError(f"unknown PD mode {mode!r}: one of {', '.join(PD_MODES)}")

@@ -1,4 +1,4 @@
-"""Prefill/decode dual dispatch (SGLang bootstrap mode, DESIGN 2.6).
+"""Prefill/decode dual dispatch, SGLang bootstrap mode (``--pd-mode sglang``, the default; DESIGN 2.6).
 
 Per request: the prefill policy picks a prefill worker and the decode policy a decode worker, each
 independently and each with its own tree.  The body gets ``bootstrap_host`` (the prefill worker's
@@ -24,9 +24,10 @@ from aiohttp import web
 from smg_router.attempt import AttemptGuard, Attempts
 from smg_router.errors import BadRequest, UpstreamError
 from smg_router.metrics import Metrics
+from smg_router.pd import legs
 from smg_router.relay import Relay
 from smg_router.request import ProxyRequest
-from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
+from smg_router.upstream import Upstream, UpstreamResponse
 from smg_router.workers.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def with_bootstrap(endpoint: str, body: dict[str, Any], prefill: Worker) -> byte
     return orjson.dumps({**body, **fields})
 
 
-class PDDispatcher:
+class BootstrapDispatcher:
     """Sends one request to a prefill and a decode worker at once; ``Proxy`` hands it PD-mode requests."""
 
     def __init__(self, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics) -> None:
@@ -113,18 +114,7 @@ class PDDispatcher:
         guard.answered(resp.status)
 
     async def _start(self, guard: AttemptGuard, role: str, req: ProxyRequest, body: bytes) -> UpstreamResponse:
-        worker = guard.worker
-        try:
-            resp = await self._upstream.post(worker.url + req.endpoint, body, req.headers)
-        except (UpstreamConnectError, TimeoutError) as e:
-            guard.failed()
-            raise UpstreamError(f"{role} worker {worker.url} failed: {e}", code=f"{role}_failed") from None
-        if resp.status >= 400:
-            guard.answered(resp.status)
-            detail = (await resp.read())[:300].decode(errors="replace")
-            resp.abort()
-            raise UpstreamError(f"{role} worker {worker.url} answered {resp.status}: {detail}", code=f"{role}_failed")
-        return resp
+        return await legs.send(self._upstream, guard, role, req.endpoint, body, req.headers)
 
 
 async def _settle(

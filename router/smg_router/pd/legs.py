@@ -1,0 +1,56 @@
+"""One leg of a PD request: send the body to the chosen worker and get its answer's head, or a 502 naming it.
+
+Shared by both PD modes (``bootstrap``, ``vllm``): a connect error, a timeout or an answer of 400 and above is
+an ``UpstreamError`` whose code says which leg failed (``prefill_failed``, ``decode_failed``), with the
+worker's URL and the head of its error body in the message.  The attempt's guard learns the outcome here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from smg_router.attempt import AttemptGuard
+from smg_router.errors import UpstreamError
+from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
+
+ERROR_DETAIL_BYTES = 300
+"""How much of a worker's error body the 502 quotes."""
+
+
+async def send(
+    upstream: Upstream, guard: AttemptGuard, role: str, path: str, body: bytes, headers: Mapping[str, str]
+) -> UpstreamResponse:
+    """POST ``body`` to the guard's worker; its response when the status is below 400, else UpstreamError."""
+    resp = await post(upstream, guard, role, path, body, headers)
+    if resp.status >= 400:
+        raise await failed_answer(guard, role, resp)
+    return resp
+
+
+async def post(
+    upstream: Upstream, guard: AttemptGuard, role: str, path: str, body: bytes, headers: Mapping[str, str]
+) -> UpstreamResponse:
+    """POST ``body`` to the guard's worker, whatever its status; UpstreamError when it cannot be reached."""
+    worker = guard.worker
+    try:
+        return await upstream.post(worker.url + path, body, headers)
+    except (UpstreamConnectError, TimeoutError) as e:
+        guard.failed()
+        raise UpstreamError(f"{role} worker {worker.url} failed: {describe(e)}", code=f"{role}_failed") from None
+
+
+async def failed_answer(guard: AttemptGuard, role: str, resp: UpstreamResponse) -> UpstreamError:
+    """The 502 for an answer of 400 and above (read and closed here), naming the worker and quoting it."""
+    guard.answered(resp.status)
+    try:
+        detail = (await resp.read())[:ERROR_DETAIL_BYTES].decode(errors="replace")
+    except (OSError, TimeoutError) as e:
+        detail = f"(its body broke off: {e})"
+    finally:
+        resp.abort()
+    return UpstreamError(f"{role} worker {guard.worker.url} answered {resp.status}: {detail}", code=f"{role}_failed")
+
+
+def describe(e: BaseException) -> str:
+    """An exception for a message: a TimeoutError's text is empty."""
+    return str(e) or type(e).__name__

@@ -1,0 +1,247 @@
+"""Prefill/decode over plain HTTP, vLLM mode (``--pd-mode vllm``): two steps, as vLLM's disaggregated proxy does.
+
+Per request the prefill policy picks a prefill worker and the decode policy a decode worker, both at the start
+(the same slots, trees, lifecycle and per-role metrics as the bootstrap mode; no decode worker is a 503 before
+anything is sent).  Then:
+
+1. The prefill leg: the client's body with ``max_tokens: 1`` (and ``max_completion_tokens: 1`` when the client
+   set it), ``stream: false``, without ``stream_options``, ``min_tokens`` and ``min_completion_tokens`` (what vLLM's
+   ``toy_proxy_server.py`` sends), and ``kv_transfer_params`` asking for a remote decode (NixlConnector's
+   request: ``do_remote_decode: true``, ``do_remote_prefill: false``, the remote fields null).  The engine
+   computes the prompt's KV, answers one token, holds the KV for a decode to read (until its abort timeout,
+   ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``) and says where it waits in the answer's ``kv_transfer_params``
+   (``do_remote_prefill: true``, ``remote_engine_id``, ``remote_block_ids``, ``remote_host``, ``remote_port``, ...).
+2. The decode leg: the client's body as it sent it plus those parameters, verbatim, streamed or not as the
+   client asked; the client gets the decode worker's answer (``relay``).
+
+Failures: a prefill worker that cannot be reached, times out, answers a 5xx or breaks its answer off is a 502
+naming it (code ``prefill_failed``), and the decode worker gets nothing; a prefill answer without
+``kv_transfer_params`` (an engine without a KV connector) is a 502 saying so (``missing_kv_transfer_params``); a
+4xx from the prefill worker (the request itself is wrong: too long, unknown model) is passed to the client as
+the engine wrote it; a failed decode leg is a 502 naming the decode worker (``decode_failed``).
+
+Retries: the prefill leg is retried on another prefill worker (connect error, timeout, 5xx, 429; up to
+``--max-retries``, with the proxy's backoff, counted in ``smg_retries_total``) as long as nothing went to the
+decode worker: a prefill that failed holds no KV anyone will read, and its abort timeout frees what it holds.
+The decode leg is never retried: the parameters are single-use (the prefill frees the blocks once a decode read
+them), so a second decode would need a second prefill.
+
+Only ``/v1/chat/completions`` and ``/v1/completions`` with one prompt can be split this way (vLLM returns one
+``kv_transfer_params`` per request); anything else is a 400 naming what to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from smg_router.attempt import AttemptGuard, Attempts, is_retryable
+from smg_router.errors import BadRequest, NoWorkerAvailable, UpstreamError
+from smg_router.metrics import Metrics
+from smg_router.pd import legs
+from smg_router.relay import Relay, response_headers
+from smg_router.request import ProxyRequest
+from smg_router.settings import RetrySettings
+from smg_router.upstream import Upstream, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+"""What vLLM can prefill on one engine and decode on another (its OpenAI serving layer takes
+``kv_transfer_params`` on these two)."""
+REMOTE_DECODE: Mapping[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+"""The prefill leg's ``kv_transfer_params``: compute the KV and keep it for a decode elsewhere."""
+PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+"""Fields the prefill leg goes without: it answers one token, as JSON."""
+TRANSFER_FIELD = "kv_transfer_params"
+
+
+def check_request(endpoint: str, body: Mapping[str, Any]) -> None:
+    """400 for what cannot be split into a prefill and a decode leg."""
+    if endpoint not in ENDPOINTS:
+        raise BadRequest(
+            f"{endpoint} is not served in vLLM PD mode (--pd-mode vllm): its prefill/decode covers "
+            f"{' and '.join(ENDPOINTS)}",
+            code="not_supported_in_pd_mode",
+        )
+    if TRANSFER_FIELD in body:
+        raise BadRequest(
+            f"{TRANSFER_FIELD}: set by the router in PD mode; remove it from the request", code="invalid_field"
+        )
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
+        raise BadRequest(
+            f"prompt: a batch of {len(prompt)} prompts cannot be split into prefill and decode (vLLM hands over "
+            "one prompt's KV per request); send one prompt per request",
+            code="invalid_field",
+        )
+
+
+def prefill_body(body: Mapping[str, Any]) -> bytes:
+    """The prefill leg's body: the client's, for one token, as JSON, with the remote-decode request."""
+    out = {k: v for k, v in body.items() if k not in PREFILL_DROPPED}
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    out[TRANSFER_FIELD] = dict(REMOTE_DECODE)
+    return orjson.dumps(out)
+
+
+def decode_body(body: Mapping[str, Any], params: Mapping[str, Any]) -> bytes:
+    """The decode leg's body: the client's as sent, plus where the prefill left the KV."""
+    return orjson.dumps({**body, TRANSFER_FIELD: params})
+
+
+def transfer_params(answer: bytes, worker_url: str) -> dict[str, Any]:
+    """The ``kv_transfer_params`` of a prefill answer; a 502 that says what is wrong when there are none."""
+    try:
+        parsed = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise UpstreamError(
+            f"prefill worker {worker_url} answered with no JSON object: {answer[:120].decode(errors='replace')!r}",
+            code="prefill_failed",
+        )
+    params = parsed.get(TRANSFER_FIELD)
+    if not isinstance(params, dict) or not params:
+        raise UpstreamError(
+            f"prefill worker {worker_url} answered without {TRANSFER_FIELD}, so no decode worker can take over: "
+            "is it a vLLM engine with a KV connector (--kv-transfer-config, e.g. NixlConnector)?",
+            code="missing_kv_transfer_params",
+        )
+    return params
+
+
+class VllmDispatcher:
+    """The two-step PD request path; ``Proxy`` hands it PD-mode requests when ``--pd-mode vllm``."""
+
+    def __init__(
+        self, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics, retry: RetrySettings
+    ) -> None:
+        self._attempts = attempts
+        self._upstream = upstream
+        self._relay = relay
+        self._metrics = metrics
+        self._retry = retry
+
+    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+        check_request(req.endpoint, req.body)
+        # one id for both legs, as vLLM's proxy sends it (engines started with --enable-request-id-headers use it)
+        headers = {**req.headers, "x-request-id": req.headers.get("x-request-id") or uuid.uuid4().hex}
+        prefill = self._attempts.open("prefill", req)
+        try:
+            decode = self._attempts.open("decode", req)
+        except BaseException:
+            prefill.close()
+            raise
+        outcome = "prefill_failed"
+        try:
+            with decode:
+                params = await self._prefill(prefill, req, headers)
+                if isinstance(params, web.Response):
+                    return params  # the engine refused the request itself: its 4xx, as it wrote it
+                outcome = "decode_failed"
+                body = decode_body(req.body, params)
+                resp = await legs.send(self._upstream, decode, "decode", req.endpoint, body, headers)
+                response = await self._relay.relay(request, req, resp, decode)
+                outcome = "success"
+                return response
+        except asyncio.CancelledError:
+            outcome = "error"  # the client went away
+            raise
+        finally:
+            self._metrics.pd_requests.labels(outcome).inc()
+
+    async def _prefill(
+        self, first: AttemptGuard, req: ProxyRequest, headers: Mapping[str, str]
+    ) -> dict[str, Any] | web.Response:
+        """Run the prefill leg, on another prefill worker after a failure; the transfer parameters it returned."""
+        body = prefill_body(req.body)
+        guard: AttemptGuard | None = first
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        for attempt in range(self._retry.max_retries + 1):
+            if guard is None:
+                self._metrics.retries.labels(req.endpoint).inc()
+                await asyncio.sleep(_backoff(self._retry, attempt))
+                try:
+                    guard = self._attempts.open("prefill", req, exclude=tried)
+                except NoWorkerAvailable:
+                    break
+            tried.add(guard.worker.id)
+            with guard:
+                try:
+                    resp = await legs.post(self._upstream, guard, "prefill", req.endpoint, body, headers)
+                except UpstreamError as e:
+                    last = e
+                    log.warning("%s; attempt %d", e.message, attempt + 1)
+                    guard = None
+                    continue
+                last_try = attempt == self._retry.max_retries
+                if (
+                    is_retryable(resp.status)
+                    and not last_try
+                    and (resp.status != 429 or self._attempts.any_left("prefill", req, tried))
+                ):  # a 429 with no other prefill worker to try is passed on, as on the regular path
+                    last = await legs.failed_answer(guard, "prefill", resp)
+                    log.warning("%s; retrying on another prefill worker", last.message)
+                    guard = None
+                    continue
+                if 400 <= resp.status < 500:
+                    return await self._passed_on(guard, resp)
+                if resp.status >= 500:
+                    raise await legs.failed_answer(guard, "prefill", resp)
+                try:
+                    answer = await resp.read()
+                except (OSError, TimeoutError) as e:
+                    guard.failed()
+                    last = UpstreamError(
+                        f"prefill worker {guard.worker.url} broke off its answer: {legs.describe(e)}",
+                        code="prefill_failed",
+                    )
+                    guard = None
+                    continue
+                finally:
+                    resp.abort()
+                guard.answered(resp.status)
+                return transfer_params(answer, guard.worker.url)
+        assert last is not None  # the first attempt always runs
+        raise UpstreamError(
+            f"{last.message} (after {len(tried)} prefill attempt(s); the decode worker was not asked)",
+            code="prefill_failed",
+        )
+
+    async def _passed_on(self, guard: AttemptGuard, resp: UpstreamResponse) -> web.Response:
+        try:
+            data = await resp.read()
+        except (OSError, TimeoutError) as e:
+            guard.failed()
+            raise UpstreamError(
+                f"prefill worker {guard.worker.url} broke off its {resp.status} answer: {e}", code="prefill_failed"
+            ) from None
+        finally:
+            resp.abort()
+        guard.answered(resp.status)
+        return web.Response(status=resp.status, body=data, headers=response_headers(resp.headers, guard.worker))
+
+
+def _backoff(retry: RetrySettings, attempt: int) -> float:
+    """The regular path's backoff (``Proxy._backoff``): doubling from ``backoff_initial``, jittered."""
+    delay: float = min(retry.backoff_max, retry.backoff_initial * 2 ** (attempt - 1))
+    return delay * (0.5 + random.random() / 2)
