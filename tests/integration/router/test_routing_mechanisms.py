@@ -83,7 +83,8 @@ def test_a_cache_namespace_never_matches_another(tmp_path: Path, fleet: list[Sim
         complete(r, prompt, lora_path="adapter-1")
         text = r.metrics()
         assert metric_value(text, "smg_cache_tree_hits_total", model=MODEL) == 0
-        assert metric_value(text, "smg_routing_decisions_total", model=MODEL, branch="miss") == 4
+        assert metric_value(text, "smg_routing_decisions_total", model=MODEL, branch="namespace") == 4
+        assert metric_value(text, "smg_routing_decisions_total", model=MODEL, branch="miss") == 0
         complete(r, prompt + " again", cache_salt="tenant-b")  # its own namespace: a hit
         assert metric_value(r.metrics(), "smg_routing_decisions_total", model=MODEL, branch="hit") == 1
     finally:
