@@ -4,18 +4,20 @@ One approximate radix tree per model (tenants are worker URLs, keys are characte
 text: the whole prompt as the engine sees it, after its cache namespace marker).  Per request, over the
 routable workers:
 
-1. Effective load of each worker = max(backend running + waiting, local in-flight) from the shared
-   load snapshot (local in-flight alone when the snapshot is stale; counted as ``no_load_data``).
+1. Effective load of each worker = max(backend running + waiting + what this router sent since the poll,
+   local in-flight) from the shared load snapshot (``LoadView``; local in-flight alone when the snapshot is
+   stale, counted as ``no_load_data``).
 2. The load gate: a worker is over it when ``load - min > balance_abs_threshold`` AND ``load > min *
    balance_rel_threshold`` (min over the routable workers).
 3. Match: ``rate = matched_chars / len(text)``; ``rate > cache_threshold`` (strictly) counts a tree hit
    (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
    placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
    the system prompt every conversation shares says nothing of this one): the least-loaded routable holder of the
-   deepest matched node that is within the gate (branch ``hit``).  If every holder is over the gate, the
+   deepest matched node that is within the gate (branch ``hit``) -- unless a worker is warming up (below)
+   and is the rendezvous choice for the text (branch ``warmup``).  If every holder is over the gate, the
    request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable, fallback
-   ``stale_tenant``.  Everything else is placed (branch ``miss``).  A prompt without a head (completions,
-   ``/generate``: 0) has a hit on the rate alone.
+   ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
+   A prompt without a head (completions, ``/generate``: 0) has a hit on the rate alone.
 4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the leading
    ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message,
    which every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a
@@ -27,6 +29,12 @@ routable workers:
    takes part: replicas see different parts of the traffic, and a bound on local shares made 8 replicas
    place a group on up to 2 workers where pure ranking kept every group on one (12 groups, 4 workers).
 5. Insert the text for the chosen worker, in the same descent as the match.
+
+Warm-up: a worker that joined the fleet after the workers this instance first saw, less than warmup_seconds
+ago, and holds less of the tree than the mean share, takes the hits whose rendezvous choice it is when it is
+no busier than the holders: it takes up the groups every replica would place on it, each moving once.
+``smg_routing_matched_chars_total`` counts the deepest match (``of="fleet"``) and the chosen worker's part of
+it (``of="chosen"``).
 
 Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 4, balance_rel_threshold
 1.5, placement_prefix_chars 1024.  A request for a model
