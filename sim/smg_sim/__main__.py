@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .config import DEFAULT_BOOTSTRAP_PORT, ROLES, SimConfig
+from .config import DEFAULT_BOOTSTRAP_PORT, ROLES, VLLM_PD_ROLES, SimConfig
 from .server import start_sim
 
 log = logging.getLogger("smg_sim")
@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=d.host, help="address to listen on")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on (0 = any free port)")
     p.add_argument("--model", default=d.model, help="served model name")
-    p.add_argument("--role", choices=ROLES, default=d.role, help="PD disaggregation role")
+    p.add_argument("--role", choices=ROLES, default=d.role, help="PD disaggregation role (SGLang bootstrap)")
+    p.add_argument(
+        "--vllm-pd",
+        choices=VLLM_PD_ROLES,
+        default=d.vllm_pd,
+        help="vLLM PD role (kv_transfer_params; --bootstrap-port is then the prefill's KV side channel, default 5600)",
+    )
     p.add_argument(
         "--bootstrap-port",
         type=int,
@@ -70,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for a bootstrap room (both sides of PD)",
     )
     p.add_argument(
+        "--room-ttl",
+        type=float,
+        default=d.room_ttl,
+        help="seconds a finished prefill stays readable by a decode (vLLM PD: the abort timeout of held KV)",
+    )
+    p.add_argument(
         "--log-level",
         default=d.log_level,
         type=str.lower,
@@ -85,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         port=args.port,
         model=args.model,
         role=args.role,
+        vllm_pd=args.vllm_pd,
         bootstrap_port=args.bootstrap_port,
         time_scale=args.time_scale,
         max_running=args.max_running,
@@ -100,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         log_level=args.log_level,
         bootstrap_timeout=args.bootstrap_timeout,
+        room_ttl=args.room_ttl,
     )
 
 
@@ -112,6 +126,10 @@ async def serve(config: SimConfig) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     boot = f", bootstrap on {server.bootstrap_url}" if server.bootstrap_url else ""
+    if config.vllm_pd == "prefill":
+        boot = f", vLLM PD prefill, KV side channel on port {server.state.bootstrap_port}"
+    elif config.vllm_pd == "decode":
+        boot = ", vLLM PD decode"
     log.info(
         "smg-sim serving model %r on %s (role=%s%s, time_scale=%g, max_running=%d, kv_capacity=%d)",
         config.model,

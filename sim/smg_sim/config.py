@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 Role = Literal["regular", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("regular", "prefill", "decode")
+VllmPD = Literal["off", "prefill", "decode"]
+VLLM_PD_ROLES: tuple[VllmPD, ...] = ("off", "prefill", "decode")
 
 #: Default port of the prefill bootstrap server, the same as SGLang's `--disaggregation-bootstrap-port`.
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -37,7 +39,12 @@ class SimConfig:
     """`regular` serves end to end; `prefill`/`decode` model SGLang PD disaggregation."""
 
     bootstrap_port: int | None = None
-    """Port of the prefill bootstrap server (prefill role only); None means 8998, 0 a free port."""
+    """Port of the prefill bootstrap server (prefill role only); None means 8998, 0 a free port.  With
+    ``vllm_pd="prefill"`` the KV side channel's port instead; None means 5600, vLLM's default."""
+
+    vllm_pd: VllmPD = "off"
+    """vLLM PD role (``kv_transfer_params``, ``vllm_pd`` module); ``role`` stays ``regular``, as the two
+    PD protocols do not mix."""
 
     time_scale: float = 1.0
     """Multiplier on every simulated duration (prefill, decode steps); 0.01 runs 100x faster."""
@@ -92,6 +99,10 @@ class SimConfig:
     def _problems(self) -> Iterator[str]:
         if self.role not in ROLES:
             yield f"role must be one of {ROLES}, got {self.role!r}"
+        if self.vllm_pd not in VLLM_PD_ROLES:
+            yield f"vllm_pd must be one of {VLLM_PD_ROLES}, got {self.vllm_pd!r}"
+        elif self.vllm_pd != "off" and self.role != "regular":
+            yield "vllm_pd (vLLM's kv_transfer_params) and role prefill/decode (SGLang's bootstrap) do not mix"
         if not 0 <= self.port <= 65535:
             yield f"port out of range: {self.port}"
         if self.bootstrap_port is not None and not 0 <= self.bootstrap_port <= 65535:

@@ -23,6 +23,7 @@ from .bootstrap import RoomInfo, fetch_room
 from .engine import EngineRequest, StepOutput
 from .errors import ApiError
 from .faults import Fault
+from .kv_transfer import REMOTE_KV
 from .state import SimState
 
 log = logging.getLogger(__name__)
@@ -169,8 +170,11 @@ async def prepare(state: SimState, items: Sequence[GenItem], *, rid: str) -> lis
             )
             for i, (item, info) in enumerate(zip(items, infos, strict=True))
         ]
+    arrived = REMOTE_KV.get()  # a vLLM PD decode (vllm_pd): the prompt's KV was read from a prefill worker
     return [
-        Prepared(EngineRequest(item.tokens, item.max_new_tokens, item.stop, rid=f"{rid}-{i}"))
+        Prepared(
+            EngineRequest(item.tokens, item.max_new_tokens, item.stop, transferred_cached=arrived, rid=f"{rid}-{i}")
+        )
         for i, item in enumerate(items)
     ]
 

@@ -22,6 +22,7 @@ from .engine import Engine
 from .errors import error_middleware
 from .faults import FaultInjector
 from .state import STATE_KEY, SimState, crash_process
+from .vllm_pd import install as install_vllm_pd
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     add.add_post("/v1/completions", openai_api.completions)
     add.add_post("/v1/chat/completions", openai_api.chat_completions)
     add.add_post("/generate", sglang_api.generate)
+    install_vllm_pd(app)  # --vllm-pd: kv_transfer_params on the OpenAI endpoints, the prefill's side channel
     return app
 
 
