@@ -34,6 +34,13 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as e:
         if e.status < 400:
             raise
+        if e.status == 404 and request.match_info.http_exception is e:  # no route: name the path asked for
+            return error_response(
+                404,
+                f"Unknown endpoint: {request.method} {request.path}",
+                type="not_found_error",
+                code="unknown_endpoint",
+            )
         kind = "not_found_error" if e.status == 404 else "invalid_request_error"
         response = error_response(e.status, e.reason if e.text is None else e.text, type=kind)
         if "Allow" in e.headers:  # a 405 says which methods the path takes

@@ -1,7 +1,8 @@
 """One attempt at one worker: choosing the worker, and the guard that owns the attempt's bookkeeping.
 
 ``Attempts.open(role, req, exclude)`` gathers the routable workers of the role that serve the request's
-model, asks that model's policy to choose, and returns an ``AttemptGuard`` for the chosen worker.  The
+model, asks that model's policy to choose (or, ``by_load``, the router's one ``least_load`` instance: the
+non-generative endpoints), and returns an ``AttemptGuard`` for the chosen worker.  The
 guard is the only code that touches a worker's in-flight count, processed count and circuit breaker
 (the Rust SMG's ``WorkerLoadGuard``): it counts the attempt in when it opens, and when it closes (at the
 end of the response, however it ends) it counts it out and hands the outcome to the breaker.
@@ -20,7 +21,7 @@ from types import TracebackType
 
 from smg_router.errors import NoWorkerAvailable
 from smg_router.metrics import Metrics
-from smg_router.policies.base import RouteRequest
+from smg_router.policies.base import Policy, RouteRequest
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import Worker
@@ -98,24 +99,31 @@ class AttemptGuard:
 class Attempts:
     """Opens attempts: selection by the model's policy among the routable workers, then a guard."""
 
-    def __init__(self, *, registry: WorkerRegistry, policies: PolicyRegistry, metrics: Metrics) -> None:
+    def __init__(
+        self, *, registry: WorkerRegistry, policies: PolicyRegistry, metrics: Metrics, by_load: Policy | None = None
+    ) -> None:
         self._registry = registry
         self._policies = policies
         self._metrics = metrics
+        self._by_load = by_load
+        """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""
         return any(w.routable and w.id not in exclude for w in self._registry.serving(role, req.model))
 
-    def open(self, role: str, req: RouteRequest, exclude: Collection[str] = ()) -> AttemptGuard:
-        """The guard of a newly chosen worker; 503 when no routable worker is left."""
+    def open(
+        self, role: str, req: RouteRequest, exclude: Collection[str] = (), *, by_load: bool = False
+    ) -> AttemptGuard:
+        """The guard of a newly chosen worker; 503 when no routable worker is left.  ``by_load``: the
+        least-loaded one, not the model's policy's choice (endpoints whose cost no cached prefix lowers)."""
         candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]
         if not candidates:
             what = "other " if exclude else ""
             raise NoWorkerAvailable(
                 f"no {what}healthy {role} worker for model '{req.model}'", code="no_available_workers"
             )
-        policy = self._policies.policy_for(role, req.model)
+        policy = self._by_load if by_load and self._by_load is not None else self._policies.policy_for(role, req.model)
         t0 = time.perf_counter()
         worker = policy.select(candidates, req, time.monotonic())
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)

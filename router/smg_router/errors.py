@@ -65,6 +65,12 @@ class PayloadTooLarge(RouterError):
     status, type = 413, "invalid_request_error"
 
 
+class NotSupported(RouterError):
+    """An endpoint the router has but cannot serve in its current mode (a generation endpoint in PD mode)."""
+
+    status, type = 501, "not_implemented_error"
+
+
 class NoWorkerAvailable(RouterError):
     status, type = 503, "service_unavailable"
 

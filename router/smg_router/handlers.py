@@ -1,49 +1,85 @@
 """Thin data-plane handlers: read and parse the body, hand it to the proxy, answer.
 
+One handler per row of ``request.ENDPOINT_TABLE`` (generation and pass-through endpoints alike), made by
+``_forwarded``; a multipart row streams its body through (``upload``) instead of reading it.
+
 Also the probes (``/health``, ``/liveness``, ``/readiness``), ``/v1/models`` and ``/metrics``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from smg_router.core import ROUTER, RouterCore
+from smg_router.errors import BadRequest
 from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
 from smg_router.openapi import DOCUMENT_PATH, openapi_json
-from smg_router.request import parse_request
+from smg_router.request import ENDPOINT_TABLE, Endpoint, parse_endpoint, upload_request
+from smg_router.upload import HEAD_LIMIT, StreamedUpload, boundary_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _generation(kind: str) -> Handler:
+def _forwarded(endpoint: Endpoint) -> Handler:
+    """The handler of one row of ``ENDPOINT_TABLE``: admission, parse, the proxy; the same for every row."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         core = request.app[ROUTER]
         check_bearer(request, core.settings.server.api_key, what="the API key")
+        if endpoint.multipart:
+            return await _streamed(request, core, endpoint)
         raw = await core.admission.enter(request)  # 413 too large, 503 over the router's limits
         try:
-            return await core.proxy.handle(request, parse_request(kind, raw, request.headers, core.forward_headers))
+            req = parse_endpoint(endpoint, raw, request.headers, core.forward_headers)
+            return await core.proxy.handle(request, req)
         finally:
             core.admission.leave(len(raw))
 
-    handler.__name__ = f"{kind}_handler"
+    handler.__name__ = f"{endpoint.path.strip('/').replace('/', '_')}_handler"
     return handler
 
 
-chat_completions = _generation("chat")
-completions = _generation("completions")
-generate = _generation("generate")
+async def _streamed(request: web.Request, core: RouterCore, endpoint: Endpoint) -> web.StreamResponse:
+    """A multipart upload: its head read for the model, the rest streamed to the worker (``upload``)."""
+    boundary = boundary_of(request.headers.get("content-type", ""))
+    held = core.admission.enter_streaming(request, HEAD_LIMIT)
+    try:
+        upload = StreamedUpload(request.content, limit=core.settings.server.max_payload_size)
+        await upload.read_head(boundary)
+        req = upload_request(endpoint, upload, request.headers, core.forward_headers)
+        if req.requested_model is None:
+            try:
+                core.proxy.resolve_model(None)
+            except BadRequest as e:
+                raise BadRequest(
+                    f"{e.message}; put the model field before the file part (the router streams the upload and "
+                    "routes by the fields before the file)",
+                    code=e.code,
+                ) from None
+        return await core.proxy.handle(request, req)
+    finally:
+        core.admission.leave(held)
 
 
 async def models(request: web.Request) -> web.Response:
+    """Every model a registered worker serves, in OpenAI's list shape, with the fleet behind it under ``smg``:
+    ``workers`` and ``routable`` counts, and ``roles`` (role → number of workers)."""
     core: RouterCore = request.app[ROUTER]
     check_bearer(request, core.settings.server.api_key, what="the API key")
-    names = sorted({w.model_id for w in core.registry if w.model_id is not None and w.routable})
-    return json_response(
-        {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "smg"} for m in names]}
-    )
+    fleet: dict[str, dict[str, Any]] = {}
+    for w in core.registry:
+        if w.model_id is None:
+            continue
+        entry = fleet.setdefault(w.model_id, {"roles": {}, "workers": 0, "routable": 0})
+        entry["roles"][w.role] = entry["roles"].get(w.role, 0) + 1
+        entry["workers"] += 1
+        entry["routable"] += w.routable
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "smg", "smg": fleet[m]} for m in sorted(fleet)]
+    return json_response({"object": "list", "data": data})
 
 
 async def liveness(request: web.Request) -> web.Response:
@@ -66,9 +102,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/generate", generate)
+    for endpoint in ENDPOINT_TABLE.values():
+        app.router.add_post(endpoint.path, _forwarded(endpoint))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/liveness", liveness)

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from smg_router.http_io import json_response
+from smg_router.request import ENDPOINT_TABLE, Endpoint
 
 __all__ = ["DOCUMENT_PATH", "document", "openapi_json"]
 
@@ -30,6 +31,7 @@ ERROR_STATUSES = {
     404: "No worker serves the model, or no worker has that id",
     409: "The URL is registered already with another spec",
     413: "The body is larger than the router accepts (--max-payload-size; 64 KiB on the lifecycle API)",
+    501: "In PD mode: a generation endpoint prefill/decode dispatch does not cover",
     502: "The worker failed (refused the connection, broke off its answer) on every attempt",
     503: "No routable worker, or the router is at its admission limits (with Retry-After)",
     504: "No worker answered in time",
@@ -162,6 +164,51 @@ SCHEMAS: dict[str, Schema] = {
                 "description": "An object (max_new_tokens, temperature, stop, ...). " + PASSED_THROUGH,
                 "properties": {"max_new_tokens": _nullable({"type": "integer", "minimum": 0})},
             },
+        },
+    },
+    "MessagesRequest": {
+        "type": "object",
+        "required": ["messages"],
+        "description": "Anthropic Messages; the system prompt and the conversation are the routing text. Any "
+        "other field is passed to the worker unchanged.",
+        "properties": {
+            "model": _ref("Model"),
+            "system": {
+                "oneOf": [{"type": "string"}, {"type": "array", "items": _ref("ContentPart")}, {"type": "null"}]
+            },
+            "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
+            "stream": STREAM,
+            "max_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
+        },
+    },
+    "ResponsesRequest": {
+        "type": "object",
+        "required": ["input"],
+        "description": "OpenAI Responses, stateless (the body is forwarded; `previous_response_id` is the "
+        "worker's business). `instructions` and `input` are the routing text.",
+        "properties": {
+            "model": _ref("Model"),
+            "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+            "instructions": _nullable({"type": "string"}),
+            "stream": STREAM,
+            "max_output_tokens": _nullable({"type": "integer", "minimum": 1, "description": PASSED_THROUGH}),
+        },
+    },
+    "PassThroughRequest": {
+        "type": "object",
+        "description": "Routed by load to a worker of the model and passed to it unchanged; the worker validates "
+        "every field but `model` and `stream`.",
+        "properties": {"model": _ref("Model"), "stream": STREAM},
+    },
+    "TranscriptionRequest": {
+        "type": "object",
+        "required": ["file"],
+        "description": "Streamed through to the worker as it arrives; give `model` before `file` (the router "
+        "routes by the fields before the file part; without one, by the fleet's only model).",
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "file": {"type": "string", "format": "binary"},
+            "stream": {"type": "string", "enum": ["true", "false"]},
         },
     },
     "WorkerSpec": {
@@ -312,18 +359,43 @@ DRAIN_TIMEOUT = {
 QUERY_URL = {"name": "url", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}}
 
 
-def _generation(summary: str, request: str) -> dict[str, Any]:
+REQUEST_SCHEMAS = {
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/completions": "CompletionRequest",
+    "/generate": "GenerateRequest",
+    "/v1/messages": "MessagesRequest",
+    "/v1/responses": "ResponsesRequest",
+    "/v1/audio/transcriptions": "TranscriptionRequest",
+}
+"""The request schema of a forwarded path; the others take ``PassThroughRequest`` plus their required fields."""
+
+
+def _request_schema(endpoint: Endpoint) -> Schema:
+    named = REQUEST_SCHEMAS.get(endpoint.path)
+    if named is not None:
+        return _ref(named)
+    schema: Schema = {"allOf": [_ref("PassThroughRequest")]}
+    for group in endpoint.required:  # each group: one of its fields, not null (what parse_endpoint checks)
+        schema["allOf"].append(
+            {"anyOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in group]}
+        )
+    return schema
+
+
+def _forwarded(endpoint: Endpoint) -> dict[str, Any]:
+    how = "routed by load (least-loaded worker of the model)" if endpoint.by_load else "routed by the model's policy"
+    kind = "multipart/form-data" if endpoint.multipart else JSON
     return {
         "post": {
-            "summary": summary,
+            "summary": f"{endpoint.summary}, {how}",
             "security": DATA,
-            "requestBody": _body(_ref(request)),
+            "requestBody": {"required": True, "content": {kind: {"schema": _request_schema(endpoint)}}},
             "responses": {
                 "200": {
                     "description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
                     "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": _ref("Event")}},
                 },
-                **_errors(400, 401, 404, 413, 502, 503, 504),
+                **_errors(400, 401, 404, 413, 501, 502, 503, 504),
                 "default": {
                     "description": "Any other error the worker answered, relayed",
                     "content": _json_content(_ref("Error")),
@@ -343,12 +415,10 @@ def _probe(summary: str, *, can_fail: bool) -> dict[str, Any]:
 def _paths() -> dict[str, Any]:
     worker = _ref("Worker")
     return {
-        "/v1/chat/completions": _generation("Chat completion, routed to a worker", "ChatCompletionRequest"),
-        "/v1/completions": _generation("Completion, routed to a worker", "CompletionRequest"),
-        "/generate": _generation("SGLang generate, routed to a worker", "GenerateRequest"),
+        **{path: _forwarded(endpoint) for path, endpoint in ENDPOINT_TABLE.items()},
         "/v1/models": {
             "get": {
-                "summary": "Models of the routable workers",
+                "summary": "Every model a registered worker serves, with its workers by role (`smg`)",
                 "security": DATA,
                 "responses": {
                     **_ok(
@@ -362,8 +432,23 @@ def _paths() -> dict[str, Any]:
                                     "type": "array",
                                     "items": {
                                         "type": "object",
-                                        "required": ["id"],
-                                        "properties": {"id": {"type": "string"}},
+                                        "required": ["id", "smg"],
+                                        "properties": {
+                                            "id": {"type": "string"},
+                                            "smg": {
+                                                "type": "object",
+                                                "required": ["roles", "workers", "routable"],
+                                                "properties": {
+                                                    "roles": {
+                                                        "type": "object",
+                                                        "additionalProperties": {"type": "integer"},
+                                                        "description": "role -> number of workers",
+                                                    },
+                                                    "workers": {"type": "integer"},
+                                                    "routable": {"type": "integer"},
+                                                },
+                                            },
+                                        },
                                     },
                                 },
                             },

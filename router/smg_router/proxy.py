@@ -18,14 +18,23 @@ import time
 from aiohttp import web
 
 from smg_router.attempt import Attempts, is_retryable
-from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable, UpstreamError, UpstreamTimeout
+from smg_router.errors import (
+    BadRequest,
+    ModelNotFound,
+    NotSupported,
+    NoWorkerAvailable,
+    PayloadTooLarge,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
+from smg_router.policies.base import Policy
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.relay import Relay
-from smg_router.request import ProxyRequest
+from smg_router.request import PD_ENDPOINTS, ProxyRequest
 from smg_router.settings import RetrySettings
-from smg_router.upstream import Upstream, UpstreamConnectError
+from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 from smg_router.workers.registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -41,12 +50,13 @@ class Proxy:
         metrics: Metrics,
         retry: RetrySettings,
         pd_mode: str | None = None,
+        by_load: Policy | None = None,
     ) -> None:
         self._registry = registry
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
-        self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics)
+        self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics, by_load=by_load)
         self.relay = Relay(metrics=metrics)
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
@@ -60,10 +70,18 @@ class Proxy:
         req.started = time.perf_counter()
         status = 500
         try:
-            if self._pd is not None:
+            if self._pd is None:
+                response = await self._forward(request, req, "regular")
+            elif req.endpoint in PD_ENDPOINTS:
                 response = await self._pd.forward(request, req)
+            elif req.by_load:  # no KV to hand over: a decode worker serves it whole
+                response = await self._forward(request, req, "decode")
             else:
-                response = await self._forward(request, req)
+                raise NotSupported(
+                    f"{req.endpoint} is not served in PD mode: prefill/decode dispatch covers "
+                    f"{', '.join(sorted(PD_ENDPOINTS))}",
+                    code="not_supported_in_pd_mode",
+                )
             status = 499 if req.client_gone else response.status
             return response
         except asyncio.CancelledError:
@@ -97,7 +115,7 @@ class Proxy:
             return ""
         raise BadRequest(f"model is required: this router serves {', '.join(known)}", code="missing_field")
 
-    async def _forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, req: ProxyRequest, role: str) -> web.StreamResponse:
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self._retry.max_retries + 1):
@@ -105,7 +123,7 @@ class Proxy:
                 self._metrics.retries.labels(req.endpoint).inc()
                 await asyncio.sleep(self._backoff(attempt))
             try:
-                guard = self._attempts.open("regular", req, exclude=tried)
+                guard = self._attempts.open(role, req, exclude=tried, by_load=req.by_load)
             except NoWorkerAvailable:
                 if last_error is not None:
                     break
@@ -114,16 +132,19 @@ class Proxy:
             tried.add(worker.id)
             with guard:
                 try:
-                    upstream = await self._upstream.post(worker.url + req.endpoint, req.raw, req.headers)
+                    upstream = await self._send(worker.url + req.endpoint, req)
                 except (UpstreamConnectError, TimeoutError) as e:
                     guard.failed()
                     last_error = e
                     log.warning("worker %s unreachable (%s); attempt %d", worker.url, e, attempt + 1)
+                    if req.upload is not None and not req.upload.replayable:
+                        break  # the upload went partly to that worker: it cannot be sent again
                     continue
                 if (
                     is_retryable(upstream.status)
                     and attempt < self._retry.max_retries
-                    and (upstream.status != 429 or self._attempts.any_left("regular", req, tried))
+                    and (upstream.status != 429 or self._attempts.any_left(role, req, tried))
+                    and (req.upload is None or req.upload.replayable)
                 ):
                     # a 429 with no other worker to try is passed on: the client's back-off is the remedy
                     guard.answered(upstream.status)
@@ -138,6 +159,20 @@ class Proxy:
             f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",
             code="upstream_unavailable",
         )
+
+    async def _send(self, url: str, req: ProxyRequest) -> UpstreamResponse:
+        if req.upload is None:
+            return await self._upstream.post(url, req.raw, req.headers)
+        try:
+            return await self._upstream.post_stream(url, req.upload.body(), req.headers)
+        except PayloadTooLarge:
+            raise
+        except (UpstreamConnectError, TimeoutError):
+            if req.upload.too_large:  # the worker's side broke because we stopped the upload at the limit
+                raise PayloadTooLarge(
+                    f"request body exceeds the limit of {req.upload.limit} bytes", code="payload_too_large"
+                ) from None
+            raise
 
     def _backoff(self, attempt: int) -> float:
         r = self._retry

@@ -27,6 +27,7 @@ from aiohttp import web
 from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge
 from smg_router.http_io import parse_json_object, read_body
 from smg_router.metrics import Metrics
+from smg_router.upload import StreamedUpload
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 """Request kind → the endpoint path it arrives on and is forwarded to."""
@@ -62,6 +63,10 @@ class ProxyRequest:
     """``time.perf_counter()`` when the proxy took the request (latency and TTFT metrics)."""
     client_gone: bool = False
     """Set by the relay when the client hung up mid-stream (counted as status 499)."""
+    by_load: bool = False
+    """Routed to the least-loaded worker of the model, not by its policy (the non-generative endpoints)."""
+    upload: StreamedUpload | None = None
+    """A multipart body streamed through (``raw`` is then only its head, read to find the model)."""
 
 
 def _content_text(content: Any) -> str:
@@ -150,22 +155,129 @@ def cache_namespace(body: dict[str, Any]) -> str:
     return f"\x00{';'.join(parts)}\x00" if parts else ""
 
 
+def messages_text_and_head(body: dict[str, Any]) -> tuple[str, int]:
+    """Anthropic Messages: the ``system`` prompt (a string or text blocks), then every message, as a chat."""
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequest("system must be a string or a list of text blocks", code="invalid_field")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages is required and must be a non-empty list", code="missing_field")
+    prefix = [{"role": "system", "content": system}] if system else []
+    return chat_text_and_head({"messages": prefix + messages})
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    """An input item without a role (a function call or its output): its textual fields, in a fixed order."""
+    return "".join(v for k in ("name", "arguments", "output", "text") if isinstance(v := item.get(k), str))
+
+
+def responses_text_and_head(body: dict[str, Any]) -> tuple[str, int]:
+    """OpenAI Responses: ``instructions`` as the system prompt, then ``input`` (a string or input items)."""
+    if "input" not in body:
+        raise BadRequest("input is required", code="missing_field")
+    instructions, given = body.get("instructions"), body["input"]
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("instructions must be a string", code="invalid_field")
+    messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        for item in given:
+            if not isinstance(item, dict):
+                raise BadRequest("input must be a string or a list of input items (objects)", code="invalid_field")
+            role = item.get("role")
+            if isinstance(role, str):
+                messages.append({"role": role, "content": item.get("content")})
+            else:
+                messages.append({"role": str(item.get("type", "item")), "content": _item_text(item)})
+    else:
+        raise BadRequest("input must be a string or a list of input items", code="invalid_field")
+    if not messages:
+        raise BadRequest("input must not be empty", code="invalid_field")
+    return chat_text_and_head({"messages": messages})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """One data-plane path the router forwards to a worker of the request's model, to the same path."""
+
+    path: str
+    summary: str
+    text_of: Callable[[dict[str, Any]], tuple[str, int]] | None = None
+    """A generation endpoint's routing text and its head: routed by the model's policy.  None: by load (the
+    least-loaded routable worker of the model), for endpoints whose cost does not depend on a cached prefix."""
+    required: tuple[tuple[str, ...], ...] = ()
+    """Groups of body fields: each group needs one of its fields present (else a 400 naming them)."""
+    multipart: bool = False
+    """A multipart/form-data upload, streamed through (``upload``); else a JSON object."""
+    pd: bool = False
+    """Served by prefill/decode dispatch in PD mode.  The others, in PD mode: by load among the decode workers
+    when they route by load (they need no KV transfer); a 501 for generation endpoints PD does not cover."""
+
+    @property
+    def by_load(self) -> bool:
+        return self.text_of is None
+
+
+ENDPOINT_TABLE: dict[str, Endpoint] = {
+    e.path: e
+    for e in (
+        Endpoint(path="/v1/chat/completions", summary="Chat completion", text_of=TEXT_OF["chat"], pd=True),
+        Endpoint(path="/v1/completions", summary="Completion", text_of=TEXT_OF["completions"], pd=True),
+        Endpoint(path="/generate", summary="SGLang generate", text_of=TEXT_OF["generate"], pd=True),
+        Endpoint(path="/v1/messages", summary="Anthropic Messages", text_of=messages_text_and_head),
+        Endpoint(path="/v1/responses", summary="OpenAI Responses (stateless)", text_of=responses_text_and_head),
+        Endpoint(path="/v1/embeddings", summary="Embeddings", required=(("input",),)),
+        Endpoint(path="/v1/rerank", summary="Rerank (Jina/Cohere shape)", required=(("query",), ("documents",))),
+        Endpoint(path="/rerank", summary="Rerank (vLLM's path)", required=(("query",), ("documents",))),
+        Endpoint(path="/v1/score", summary="Score (vLLM)"),
+        Endpoint(path="/v1/classify", summary="Classify (vLLM)", required=(("input",),)),
+        Endpoint(path="/v1/tokenize", summary="Tokenize (vLLM)", required=(("prompt", "messages"),)),
+        Endpoint(path="/v1/detokenize", summary="Detokenize (vLLM)", required=(("tokens",),)),
+        Endpoint(path="/v1/audio/transcriptions", summary="Audio transcription (multipart)", multipart=True),
+    )
+}
+"""Every forwarded path: how its routing text is found and how it is routed (``handlers`` serves them all)."""
+PD_ENDPOINTS = frozenset(path for path, e in ENDPOINT_TABLE.items() if e.pd)
+"""The paths prefill/decode dispatch serves in PD mode."""
+
+
 def parse_request(
     kind: str, raw: bytes, headers: Mapping[str, str] | None = None, forward: tuple[str, ...] = FORWARD_REQUEST_HEADERS
 ) -> ProxyRequest:
     """Parse a ``chat``, ``completions`` or ``generate`` body; a 400 naming the field when it is wrong."""
-    body = parse_json_object(raw)
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
+    return parse_endpoint(ENDPOINT_TABLE[ENDPOINTS[kind]], raw, headers, forward)
+
+
+def _model_field(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
         raise BadRequest("model must be a non-empty string", code="invalid_field")
+    return value
+
+
+def parse_endpoint(
+    endpoint: Endpoint,
+    raw: bytes,
+    headers: Mapping[str, str] | None = None,
+    forward: tuple[str, ...] = FORWARD_REQUEST_HEADERS,
+) -> ProxyRequest:
+    """Parse the JSON body of any forwarded endpoint; a 400 naming the field when it is wrong."""
+    body = parse_json_object(raw)
+    model = _model_field(body.get("model"))
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):  # a worker may read 1 or "yes" as true: never guess
         raise BadRequest("stream must be true or false", code="invalid_field")
+    for group in endpoint.required:
+        if all(body.get(f) is None for f in group):
+            raise BadRequest(f"{' or '.join(group)} is required", code="missing_field")
     forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
-    namespace = cache_namespace(body)
-    text, head = TEXT_OF[kind](body)
+    text, head, namespace = "", 0, ""
+    if endpoint.text_of is not None:
+        namespace = cache_namespace(body)
+        text, head = endpoint.text_of(body)
     return ProxyRequest(
-        endpoint=ENDPOINTS[kind],
+        endpoint=endpoint.path,
         requested_model=model,
         stream=stream is True,
         text=namespace + text,
@@ -173,6 +285,32 @@ def parse_request(
         body=body,
         raw=raw,
         headers=forwarded,
+        by_load=endpoint.by_load,
+    )
+
+
+def upload_request(
+    endpoint: Endpoint, upload: StreamedUpload, headers: Mapping[str, str], forward: tuple[str, ...]
+) -> ProxyRequest:
+    """The record of a streamed multipart upload whose head has been read: model and stream from its fields."""
+    fields = upload.fields
+    stream = fields.get("stream", "false").strip().lower()
+    if stream not in ("true", "false"):
+        raise BadRequest("stream must be true or false", code="invalid_field")
+    forwarded = {k: v for k in forward if (v := headers.get(k)) is not None}
+    if (length := headers.get("content-length")) is not None:
+        forwarded["content-length"] = length  # streamed as it came: the worker reads the length it announced
+    return ProxyRequest(
+        endpoint=endpoint.path,
+        requested_model=_model_field(fields.get("model")),
+        stream=stream == "true",
+        text="",
+        head=0,
+        body={},
+        raw=upload.head,
+        headers=forwarded,
+        by_load=True,
+        upload=upload,
     )
 
 
@@ -196,12 +334,31 @@ class Admission:
     async def enter(self, request: web.Request) -> bytes:
         """Admit the request and read its body; ``leave(len(body))`` when its answer is over."""
         size = request.content_length
+        reserved = self._admit(size, self.max_body if size is None else size)
+        try:
+            body = await read_body(request, self.max_body)
+        except PayloadTooLarge:
+            self.leave(reserved)
+            self._reject("payload_too_large")
+            raise
+        except BaseException:
+            self.leave(reserved)
+            raise
+        self._bytes += len(body) - reserved  # hold what was read, not the reservation
+        return body
+
+    def enter_streaming(self, request: web.Request, held: int) -> int:
+        """Admit a body streamed through, of which at most ``held`` bytes are in memory at once; returns what
+        to ``leave`` with.  Its whole length still has to fit ``--max-payload-size``."""
+        size = request.content_length
+        return self._admit(size, held if size is None else min(size, held))
+
+    def _admit(self, size: int | None, reserved: int) -> int:
         if size is not None and size > self.max_body:
             self._reject("payload_too_large")
             raise PayloadTooLarge(
                 f"request body of {size} bytes exceeds the limit of {self.max_body} bytes", code="payload_too_large"
             )
-        reserved = self.max_body if size is None else size
         if self._count >= self.max_requests or self._bytes + reserved > self.max_bytes:
             reason = "concurrency" if self._count >= self.max_requests else "inflight_bytes"
             self._reject(reason)
@@ -215,17 +372,7 @@ class Admission:
         self._bytes += reserved
         if self._idle is not None:
             self._idle.clear()
-        try:
-            body = await read_body(request, self.max_body)
-        except PayloadTooLarge:
-            self.leave(reserved)
-            self._reject("payload_too_large")
-            raise
-        except BaseException:
-            self.leave(reserved)
-            raise
-        self._bytes += len(body) - reserved  # hold what was read, not the reservation
-        return body
+        return reserved
 
     def leave(self, held: int) -> None:
         self._count -= 1

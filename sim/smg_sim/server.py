@@ -15,7 +15,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.log import access_logger
 
-from . import info_api, openai_api, sglang_api
+from . import anthropic_api, info_api, openai_api, pooling_api, responses_api, sglang_api
 from .bootstrap import RoomTable, create_bootstrap_app
 from .config import SimConfig
 from .engine import Engine
@@ -82,6 +82,16 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     add.add_post("/v1/chat/completions", openai_api.chat_completions)
     add.add_post("/generate", sglang_api.generate)
     install_vllm_pd(app)  # --vllm-pd: kv_transfer_params on the OpenAI endpoints, the prefill's side channel
+    add.add_post("/v1/messages", anthropic_api.messages)
+    add.add_post("/v1/responses", responses_api.responses)
+    add.add_post("/v1/embeddings", pooling_api.embeddings)
+    add.add_post("/v1/rerank", pooling_api.rerank)
+    add.add_post("/rerank", pooling_api.rerank)
+    add.add_post("/v1/score", pooling_api.score)
+    add.add_post("/v1/classify", pooling_api.classify)
+    add.add_post("/v1/tokenize", pooling_api.tokenize)
+    add.add_post("/v1/detokenize", pooling_api.detokenize)
+    add.add_post("/v1/audio/transcriptions", pooling_api.transcriptions)
     return app
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -46,6 +46,34 @@ async def respond_sse(request: web.Request, payloads: AsyncGenerator[dict[str, A
         except ApiError as err:
             await resp.write(encode_event(error_body(err.message, type=err.type, code=err.code)))
         await resp.write(DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.debug("client went away during stream on %s", request.path)
+    return resp
+
+
+def encode_named_event(name: str, payload: Any) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def respond_named_sse(
+    request: web.Request,
+    events: AsyncGenerator[tuple[str, dict[str, Any]], None],
+    *,
+    on_error: Callable[[ApiError], tuple[str, dict[str, Any]]],
+) -> web.StreamResponse:
+    """Stream ``(event name, payload)`` pairs as named SSE events (Anthropic Messages, OpenAI Responses), with
+    no ``[DONE]``: those protocols end with their own last event.  An ApiError after the headers becomes the
+    event ``on_error`` makes of it."""
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    try:
+        try:
+            async with contextlib.aclosing(events) as stream:
+                async for name, payload in stream:
+                    await resp.write(encode_named_event(name, payload))
+        except ApiError as err:
+            await resp.write(encode_named_event(*on_error(err)))
         await resp.write_eof()
     except ConnectionResetError:
         log.debug("client went away during stream on %s", request.path)

@@ -6,7 +6,7 @@ fraction of ``ClientSession``'s cost per request, DESIGN 2.9); https workers go 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 
 from smg_router.upstream.base import UpstreamResponse
 from smg_router.upstream.lean import LeanUpstream
@@ -50,4 +50,10 @@ class Upstream:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         if url.startswith("http://"):
             return await self._lean.post(url, body, headers)
+        return await self._tls.post(url, body, headers)
+
+    async def post_stream(self, url: str, body: AsyncIterable[bytes], headers: Mapping[str, str]) -> UpstreamResponse:
+        """A body sent as it is produced (a streamed upload), through ``session`` for http and https alike: the
+        lean client sends bodies of known bytes only.  The first-byte timeout counts from the start of the
+        upload (the worker answers once it has read the body)."""
         return await self._tls.post(url, body, headers)

@@ -8,7 +8,7 @@ read, a silence longer than the stream-idle timeout is a ``TimeoutError`` and a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
 import aiohttp
 
@@ -89,7 +89,9 @@ class SessionUpstream:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
+    async def post(self, url: str, body: bytes | AsyncIterable[bytes], headers: Mapping[str, str]) -> UpstreamResponse:
+        """``body``: the bytes, or an async iterable sent as it yields (with the caller's Content-Length if it
+        gave one, else chunked)."""
         if self._session is None:
             raise RuntimeError("SessionUpstream.start() was not awaited")
         first_byte = asyncio.timeout(self._first_byte)
