@@ -27,7 +27,8 @@ The decode leg is never retried: the parameters are single-use (the prefill free
 them), so a second decode would need a second prefill.
 
 Only ``/v1/chat/completions`` and ``/v1/completions`` with one prompt can be split this way (vLLM returns one
-``kv_transfer_params`` per request); anything else is a 400 naming what to change.
+``kv_transfer_params`` per request): another endpoint is a 501 (as the regular proxy answers a generation
+endpoint PD does not cover), a batch a 400 naming what to change.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import orjson
 from aiohttp import web
 
 from smg_router.attempt import AttemptGuard, Attempts, is_retryable
-from smg_router.errors import BadRequest, NoWorkerAvailable, UpstreamError
+from smg_router.errors import BadRequest, NotSupported, NoWorkerAvailable, UpstreamError
 from smg_router.metrics import Metrics
 from smg_router.pd import legs
 from smg_router.relay import Relay, response_headers
@@ -71,9 +72,9 @@ TRANSFER_FIELD = "kv_transfer_params"
 
 
 def check_request(endpoint: str, body: Mapping[str, Any]) -> None:
-    """400 for what cannot be split into a prefill and a decode leg."""
+    """501 for an endpoint vLLM cannot split, 400 for a request that cannot be split."""
     if endpoint not in ENDPOINTS:
-        raise BadRequest(
+        raise NotSupported(
             f"{endpoint} is not served in vLLM PD mode (--pd-mode vllm): its prefill/decode covers "
             f"{' and '.join(ENDPOINTS)}",
             code="not_supported_in_pd_mode",

@@ -217,7 +217,7 @@ def test_a_dead_prefill_worker_is_retried_on_another_then_a_502_naming_it(logs: 
             sim.stop()
 
 
-def test_what_cannot_be_split_is_a_400_and_a_prefill_refusal_is_passed_on(logs: Path, vllm_fleet) -> None:
+def test_what_cannot_be_split_is_refused_and_a_prefill_refusal_is_passed_on(logs: Path, vllm_fleet) -> None:
     _, decodes = vllm_fleet
     small = start_vllm_prefill(logs, extra=["--kv-capacity", "64"])
     r = start_router(logs, args=[*VLLM, "--prefill", small.url, "--decode", decodes[0].url])
@@ -228,7 +228,7 @@ def test_what_cannot_be_split_is_a_400_and_a_prefill_refusal_is_passed_on(logs: 
         )
         assert status == 400 and "one prompt per request" in body["error"]["message"], body
         status, body = http_json("POST", r.url + "/generate", {"text": "sglang only", "sampling_params": {}})
-        assert status == 400 and "vLLM PD mode" in body["error"]["message"], body
+        assert status == 501 and "vLLM PD mode" in body["error"]["message"], body
         status, body = http_json(
             "POST",
             r.url + "/v1/completions",
@@ -244,6 +244,26 @@ def test_what_cannot_be_split_is_a_400_and_a_prefill_refusal_is_passed_on(logs: 
     finally:
         r.stop()
         small.stop()
+
+
+def test_a_hung_prefill_worker_times_out_into_a_502_naming_it(logs: Path) -> None:
+    hung = start_vllm_prefill(logs, extra=["--hang-rate", "1"])
+    decode = start_vllm_decode(logs)
+    r = start_router(
+        logs,
+        args=[*VLLM, "--max-retries", "0", "--first-byte-timeout", "1", "--prefill", hung.url, "--decode", decode.url],
+    )
+    try:
+        r.wait_routable(2)
+        status, body = http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hang", "max_tokens": 2})
+        assert status == 502, body
+        assert body["error"]["code"] == "prefill_failed" and hung.url in body["error"]["message"], body
+        assert requests_seen(decode) == 0
+        wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="no attempt left in flight")
+    finally:
+        r.stop()
+        hung.stop()
+        decode.stop()
 
 
 def test_sglang_stays_the_default_pd_mode_and_vllm_needs_pd(monkeypatch, capsys) -> None:
