@@ -204,11 +204,11 @@ SCHEMAS: dict[str, Schema] = {
         "type": "object",
         "required": ["file"],
         "description": "Streamed through to the worker as it arrives; give `model` before `file` (the router "
-        "routes by the fields before the file part; without one, by the fleet's only model).",
+        "routes by the fields before the file part; without one, by the fleet's only model). The router reads "
+        "`stream` (true or false) there too; any other field, and any after the file, is the worker's to check.",
         "properties": {
             "model": {"type": "string", "minLength": 1},
             "file": {"type": "string", "format": "binary"},
-            "stream": {"type": "string", "enum": ["true", "false"]},
         },
     },
     "WorkerSpec": {

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from . import generation as gen
 from .errors import ApiError, json_response
@@ -219,12 +220,7 @@ async def detokenize(request: web.Request) -> web.Response:
     return json_response({"prompt": decode(tokens)})
 
 
-async def transcriptions(request: web.Request) -> web.Response:
-    """POST /v1/audio/transcriptions (multipart): ``model`` and ``file``; the text is seeded from the bytes."""
-    state = request.app[STATE_KEY]
-    await gen.apply_fault(state)
-    if not request.content_type.startswith("multipart/"):
-        raise ApiError(400, "this endpoint takes multipart/form-data")
+async def _form(request: web.Request) -> tuple[dict[str, str], bytes | None]:
     fields: dict[str, str] = {}
     audio: bytes | None = None
     reader = await request.multipart()
@@ -235,6 +231,19 @@ async def transcriptions(request: web.Request) -> web.Response:
             audio = await part.read()
         elif part.name:
             fields[part.name] = await part.text()
+    return fields, audio
+
+
+async def transcriptions(request: web.Request) -> web.Response:
+    """POST /v1/audio/transcriptions (multipart): ``model`` and ``file``; the text is seeded from the bytes."""
+    state = request.app[STATE_KEY]
+    await gen.apply_fault(state)
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(400, "this endpoint takes multipart/form-data")
+    try:
+        fields, audio = await _form(request)
+    except (ValueError, HttpProcessingError) as exc:  # aiohttp's multipart reader on a malformed body
+        raise ApiError(400, f"malformed multipart body: {exc}") from None
     if audio is None:
         raise ApiError(400, "file is required")
     model = fields.get("model", state.config.model)

@@ -55,6 +55,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from smg_router.request import ENDPOINT_TABLE
 from smg_router.workers.worker import SpecError, WorkerSpec, normalize_url, worker_id_for
 from support.procs import MODEL, Router, Sim, http_json, metric_value, start_router, start_sim, wait_until
 
@@ -149,7 +150,7 @@ def _tame(case: Any, mode: GenerationMode, urls: list[str], ids: list[str]) -> N
             _pick(ids, case.path_parameters["worker_id"], keep=1) or case.path_parameters["worker_id"]
         )
     if body is not None:
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             _cap(body, key)
         if isinstance(body.get("sampling_params"), dict):
             _cap(body["sampling_params"], "max_new_tokens")
@@ -163,7 +164,7 @@ def _is_openai_error(body: Any) -> bool:
 def _check_answer(operation: Any, case: Any, response: Any, *, auth: str, secured: bool) -> None:
     where = f"{case.method} {case.formatted_path} -> {response.status_code}\n{case.as_curl_command()}"
     status = response.status_code
-    data_plane = operation.path in ("/v1/chat/completions", "/v1/completions", "/generate")
+    data_plane = operation.path in ENDPOINT_TABLE
     assert status < 500 or (data_plane and status in FLEET_STATUSES), f"a server error: {where}\n{response.text}"
     if status >= 400:
         try:
