@@ -173,3 +173,42 @@ async def test_pd_mode_sends_by_load_endpoints_to_decode_workers_and_refuses_oth
         router.stop()
         prefill.stop()
         decode.stop()
+
+
+async def test_an_upload_past_the_payload_limit_is_a_413_streamed_or_announced(logs: Path) -> None:
+    received: list[int] = []
+
+    async def transcribe(request: web.Request) -> web.Response:
+        n = 0
+        async for chunk in request.content.iter_any():
+            n += len(chunk)
+        received.append(n)
+        return web.json_response({"bytes": n})
+
+    head, tail = _form([("model", MODEL)])
+
+    async def chunked() -> AsyncIterator[bytes]:
+        yield head
+        for _ in range(10):
+            yield b"\x03" * 50_000
+
+    async with serving("127.0.0.96", {"/v1/audio/transcriptions": transcribe}) as url:
+        router = start_router(logs, workers=[url], args=["--max-payload-size", "200000"])
+        try:
+            await _routable(router, 1)
+            async with aiohttp.ClientSession() as s:
+                async with s.post(
+                    router.url + "/v1/audio/transcriptions", data=chunked(), headers={"Content-Type": CONTENT_TYPE}
+                ) as r:
+                    answer = await r.json()
+                    assert r.status == 413, answer
+                assert answer["error"]["code"] == "payload_too_large"
+                assert not received or received[0] <= 200_000  # the worker never got more than the limit
+                announced = head + b"\x03" * 300_000 + tail
+                async with s.post(
+                    router.url + "/v1/audio/transcriptions", data=announced, headers={"Content-Type": CONTENT_TYPE}
+                ) as r:
+                    assert r.status == 413, await r.text()
+            assert "Traceback" not in router.log(), router.log()[-3000:]
+        finally:
+            router.stop()
