@@ -29,7 +29,7 @@ def _forwarded(endpoint: Endpoint) -> Handler:
 
     async def handler(request: web.Request) -> web.StreamResponse:
         core = request.app[ROUTER]
-        check_bearer(request, core.settings.server.api_key, what="the API key")
+        check_bearer(request, core.settings.server.api_key, what="the API key", key_header=endpoint.key_header)
         if endpoint.multipart:
             return await _streamed(request, core, endpoint)
         raw = await core.admission.enter(request)  # 413 too large, 503 over the router's limits

@@ -11,10 +11,15 @@ from aiohttp import web
 from smg_router.errors import BadRequest, PayloadTooLarge, Unauthorized
 
 
-def check_bearer(request: web.Request, key: str | None, *, what: str) -> None:
-    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time; never logged)."""
+def check_bearer(request: web.Request, key: str | None, *, what: str, key_header: str | None = None) -> None:
+    """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time; never logged),
+    or, where ``key_header`` is given (Anthropic's ``x-api-key``), the bare key in that header."""
     if not key:
         return
+    if key_header is not None and (given := request.headers.get(key_header)) is not None:
+        if hmac.compare_digest(given.strip().encode(), key.encode()):
+            return
+        raise Unauthorized(f"this call needs {what} as '{key_header}: <key>'", code="invalid_api_key")
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
         raise Unauthorized(f"this call needs {what} as 'Authorization: Bearer <key>'", code="invalid_api_key")

@@ -34,6 +34,7 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "
 RETRY_AFTER_S = 1
 FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
+ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -211,6 +212,11 @@ class Endpoint:
     """Groups of body fields: each group needs one of its fields present (else a 400 naming them)."""
     multipart: bool = False
     """A multipart/form-data upload, streamed through (``upload``); else a JSON object."""
+    key_header: str | None = None
+    """A header that may carry the ``--api-key`` instead of ``Authorization: Bearer`` (Anthropic's clients send
+    ``x-api-key``); forwarded to the worker only when ``authorization`` is (the router checks no key)."""
+    headers: tuple[str, ...] = ()
+    """Client headers this endpoint forwards besides ``FORWARD_REQUEST_HEADERS``."""
     pd: bool = False
     """Served by prefill/decode dispatch in PD mode.  The others, in PD mode: by load among the decode workers
     when they route by load (they need no KV transfer); a 501 for generation endpoints PD does not cover."""
@@ -226,7 +232,13 @@ ENDPOINT_TABLE: dict[str, Endpoint] = {
         Endpoint(path="/v1/chat/completions", summary="Chat completion", text_of=TEXT_OF["chat"], pd=True),
         Endpoint(path="/v1/completions", summary="Completion", text_of=TEXT_OF["completions"], pd=True),
         Endpoint(path="/generate", summary="SGLang generate", text_of=TEXT_OF["generate"], pd=True),
-        Endpoint(path="/v1/messages", summary="Anthropic Messages", text_of=messages_text_and_head),
+        Endpoint(
+            path="/v1/messages",
+            summary="Anthropic Messages",
+            text_of=messages_text_and_head,
+            key_header="x-api-key",
+            headers=ANTHROPIC_HEADERS,
+        ),
         Endpoint(path="/v1/responses", summary="OpenAI Responses (stateless)", text_of=responses_text_and_head),
         Endpoint(path="/v1/embeddings", summary="Embeddings", required=(("input",),)),
         Endpoint(path="/v1/rerank", summary="Rerank (Jina/Cohere shape)", required=(("query",), ("documents",))),
@@ -250,6 +262,15 @@ def parse_request(
     return parse_endpoint(ENDPOINT_TABLE[ENDPOINTS[kind]], raw, headers, forward)
 
 
+def _names(endpoint: Endpoint, forward: tuple[str, ...]) -> tuple[str, ...]:
+    """The client headers to forward: ``forward``, then the endpoint's own, its key header only when the router
+    checks no key of its own (``authorization`` is forwarded then)."""
+    if not endpoint.headers:
+        return forward
+    keyless = "authorization" in forward
+    return forward + tuple(h for h in endpoint.headers if keyless or h != endpoint.key_header)
+
+
 def _model_field(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         raise BadRequest("model must be a non-empty string", code="invalid_field")
@@ -271,7 +292,9 @@ def parse_endpoint(
     for group in endpoint.required:
         if all(body.get(f) is None for f in group):
             raise BadRequest(f"{' or '.join(group)} is required", code="missing_field")
-    forwarded = {} if headers is None else {k: v for k in forward if (v := headers.get(k)) is not None}
+    forwarded = (
+        {} if headers is None else {k: v for k in _names(endpoint, forward) if (v := headers.get(k)) is not None}
+    )
     text, head, namespace = "", 0, ""
     if endpoint.text_of is not None:
         namespace = cache_namespace(body)
