@@ -212,3 +212,34 @@ async def test_an_upload_past_the_payload_limit_is_a_413_streamed_or_announced(l
             assert "Traceback" not in router.log(), router.log()[-3000:]
         finally:
             router.stop()
+
+
+async def test_a_worker_answering_503_is_retried_on_another_and_the_client_never_sees_it(logs: Path) -> None:
+    refused = 0
+
+    async def busy(request: web.Request) -> web.Response:
+        nonlocal refused
+        await request.read()
+        refused += 1
+        return web.json_response(
+            {"error": {"message": "overloaded", "type": "server_error", "code": "busy"}}, status=503
+        )
+
+    sim = start_sim(logs)
+    async with serving("127.0.0.98", {"/v1/rerank": busy}) as url:
+        router = start_router(logs, workers=[url, sim.url], args=["--breaker-failure-threshold", "100"])
+        try:
+            await _routable(router, 2)
+            async with aiohttp.ClientSession() as s:
+                for i in range(4):
+                    body = {"model": MODEL, "query": f"q{i}", "documents": ["a", "b"]}
+                    async with s.post(router.url + "/v1/rerank", json=body) as r:
+                        answer = await r.json()
+                        assert r.status == 200, answer
+                        assert f"http://{r.headers['x-smg-sim-worker']}" == sim.url
+                    assert len(answer["results"]) == 2
+            assert refused >= 1  # by load, the busy worker was chosen, answered 503, and was retried elsewhere
+            assert metric_value(router.metrics(), "smg_retries_total", endpoint="/v1/rerank") == refused
+        finally:
+            router.stop()
+            sim.stop()
