@@ -1,197 +1,465 @@
-"""Benchmark: what the router adds per request, side by side with a direct connection and the Rust `smg`.
+"""Proxy benchmark (issue 12): what a router costs per request, beside a direct connection and the Rust `smg`.
 
-Usage:  python bench/bench_proxy.py [--requests 3000] [--concurrency 1 32] [--rust [--rust-bin PATH]]
+Usage (from the repository root, with the project's venv):
+    .venv/bin/python bench/bench_proxy.py [--reps 3] [--duration 5] [--warmup 1]
+        [--targets direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware]
+        [--endpoints generate,chat] [--streams 0,1] [--concurrency 1,64]
+        [--rust-bin /tmp/smg-rust/bin/smg] [--router-commit REV] [--out results.json] [--quick]
 
-Starts two smg-sim workers (time scale 0: no simulated GPU time, so the proxy cost dominates), then for
-each target (direct to a worker, smg-router, and with --rust the Rust gateway `smg` from PyPI if
-installed) sends the same non-streaming completions (~1 KB bodies) at each concurrency from a load
-generator pinned to core 0 (the targets are pinned to core 1).  Prints latency p50/p99, throughput and
-the target's CPU time per request (router process only, from /proc), and ratios against the baselines
-measured in the same run.  Numbers from a noisy 2-core machine: compare ratios, not absolutes.
+The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
+GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
+the load generator ``wrk`` (one thread, ``bench/wrk/post.lua``: ~1 KB POST bodies, every prompt distinct with a
+shared document prefix) on core 0.  All targets run side by side for the whole run and every repetition visits
+every cell and target in turn (the target order rotates), so a slow minute on the shared machine hits every
+target alike.  Per cell and target: throughput, wrk's latency p50/p99, and the router's CPU time per request
+(utime + stime of the process and its descendants, every thread, from ``/proc/PID/stat``); the median over
+repetitions and the spread (min-max).  Routers run with their defaults (metrics, retries, timeouts, admission
+limits, load monitor, health checks all on).  ``smg`` is the working tree's router, or ``--router-commit``'s
+(``git archive`` of ``router/`` first on PYTHONPATH, as in bench/routing).  Rust cells are skipped, with a
+note, when the Rust binary is absent (``python3 -m venv /tmp/smg-rust && /tmp/smg-rust/bin/pip install
+'smg==1.13.*'``).  Compare ratios from one run, not absolutes (they vary three-fold between machines).
+Exits 1 when any request failed (wrk socket errors or a non-2xx answer).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
+import platform
+import re
+import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
 
-import aiohttp
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE / "routing"), str(ROOT / "tests")]
 
+from fleet import router_code, stop_all, wait_for  # noqa: E402
+from support.procs import Proc, Router, Sim, free_port, http_json, next_host  # noqa: E402
+
+LUA = HERE / "wrk" / "post.lua"
 MODEL = "bench-model"
 HZ = os.sysconf("SC_CLK_TCK")
+LOAD_CORE, SUT_CORE = 0, 1
+MAX_TOKENS = {"generate": 4, "chat": 2}
+"""Tokens per answer: streamed, both make 4 SSE chunks before ``[DONE]`` (chat adds its role and finish chunks)."""
+DEFAULT_TARGETS = "direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware"
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One load shape: endpoint, streamed or not, wrk connections."""
 
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
-
-
-def spawn(args: list[str], core: int) -> subprocess.Popen[bytes]:
-    taskset = ["taskset", "-c", str(core)] if shutil.which("taskset") else []
-    return subprocess.Popen([*taskset, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-@dataclass
-class Result:
-    name: str
+    endpoint: str
+    stream: bool
     concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"{'/generate' if self.endpoint == 'generate' else 'chat'}{' stream' if self.stream else ''}"
+
+
+@dataclass(slots=True)
+class Run:
+    """One wrk run of one target on one cell."""
+
+    requests: int
+    seconds: float
+    rps: float
     p50_ms: float
     p99_ms: float
-    rps: float
+    errors: dict[str, int]
     cpu_us: float | None
+    worker_cpu_us: float
 
 
-async def load(url: str, *, requests: int, concurrency: int, body: bytes) -> tuple[list[float], float]:
-    latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as s:
-        queue = iter(range(requests))
+@dataclass(slots=True)
+class Measured:
+    target: str
+    cell: Cell
+    runs: list[Run] = field(default_factory=list)
+    check: dict[str, Any] = field(default_factory=dict)
 
-        async def worker() -> None:
-            for _ in queue:
-                t0 = time.perf_counter()
-                async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
-                    await r.read()
-                    assert r.status == 200, r.status
-                latencies.append(time.perf_counter() - t0)
+    def stat(self, name: str) -> tuple[float, float, float] | None:
+        """Median, min, max of one figure over the repetitions (None when not measured)."""
+        values = [getattr(r, name) for r in self.runs if getattr(r, name) is not None]
+        if not values:
+            return None
+        return statistics.median(values), min(values), max(values)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return latencies, time.perf_counter() - t0
-
-
-def measure(name: str, base: str, pid: int | None, args: argparse.Namespace) -> list[Result]:
-    body = (b'{"model": "%s", "max_tokens": 1, "prompt": "' % MODEL.encode()) + b"x" * 1000 + b'"}'
-    out = []
-    for c in args.concurrency:
-        asyncio.run(load(base + "/v1/completions", requests=min(200, args.requests), concurrency=c, body=body))
-        cpu0 = cpu_seconds(pid) if pid else None
-        lat, elapsed = asyncio.run(load(base + "/v1/completions", requests=args.requests, concurrency=c, body=body))
-        cpu = (cpu_seconds(pid) - cpu0) / args.requests * 1e6 if pid and cpu0 is not None else None
-        q = statistics.quantiles(lat, n=100)
-        out.append(Result(name, c, q[49] * 1e3, q[98] * 1e3, args.requests / elapsed, cpu))
-    return out
+    def failures(self) -> int:
+        return sum(sum(r.errors.values()) for r in self.runs)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=3000)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--rust", action="store_true", help="also measure the Rust `smg` gateway (pip install smg)")
-    p.add_argument("--rust-bin", default=shutil.which("smg"), help="path of the `smg` command (default: on PATH)")
-    args = p.parse_args()
-    os.sched_setaffinity(0, {0})  # the load generator on core 0
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        sims = []
-        for host in ("127.0.0.2", "127.0.0.3"):
-            port = free_port(host)
-            procs.append(
-                spawn(
-                    [
-                        sys.executable,
-                        "-m",
-                        "smg_sim",
-                        "--host",
-                        host,
-                        "--port",
-                        str(port),
-                        "--model",
-                        MODEL,
-                        "--time-scale",
-                        "0.0001",
-                        "--log-level",
-                        "warning",
-                    ],
-                    core=1,
-                )
-            )
-            sims.append(f"http://{host}:{port}")
-        for s in sims:
-            wait_http(s + "/health")
-        results = measure("direct", sims[0], None, args)
+# --- processes -------------------------------------------------------------------------------------
 
-        port = free_port("127.0.0.1")
-        router = spawn(
-            [sys.executable, "-m", "smg_router", "--port", str(port), "--worker-urls", *sims, "--log-level", "warning"],
-            core=1,
-        )
-        procs.append(router)
-        wait_http(f"http://127.0.0.1:{port}/readiness")
-        results += measure("smg-router (python)", f"http://127.0.0.1:{port}", router.pid, args)
 
-        rust = args.rust_bin
-        if args.rust and rust:
-            rport = free_port("127.0.0.1")
-            rproc = spawn(
-                [
-                    rust,
-                    "launch",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(rport),
-                    "--worker-urls",
-                    *sims,
-                    "--policy",
-                    "cache_aware",
-                ],
-                core=1,
-            )
-            procs.append(rproc)
-            wait_http(f"http://127.0.0.1:{rport}/health", timeout=60)
-            results += measure("smg (rust)", f"http://127.0.0.1:{rport}", rproc.pid, args)
-        elif args.rust:
-            print("note: --rust given but no `smg` command found (pip install smg)")
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
-    direct = {r.concurrency: r for r in results if r.name == "direct"}
-    rust_by_c = {r.concurrency: r for r in results if r.name == "smg (rust)"}
-    print(
-        f"{'target':22} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'cpu µs/req':>10} "
-        f"{'p50 vs direct':>14} {'cpu vs rust':>12}"
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live descendant (the Rust `smg` is a Python launcher; its children count too)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """utime + stime of the processes (each one's figure covers all its threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / HZ
+
+
+def tree_cpu(procs: Sequence[Proc]) -> float:
+    return cpu_seconds(p for proc in procs if proc.popen for p in descendants(proc.popen.pid))
+
+
+def start_sims(logs: Path, count: int) -> list[Sim]:
+    sims: list[Sim] = []
+    for _ in range(count):
+        host = next_host()
+        port = free_port(host)
+        args = [
+            *(sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL),
+            *("--time-scale", "0.0001", "--max-running", "128", "--log-level", "warning"),
+        ]
+        name = f"sim-{host}-{port}"
+        sims.append(Sim(name=name, args=args, log_path=logs / f"{name}.log", host=host, port=port))
+        sims[-1].start()
+    for sim in sims:
+        wait_for(lambda s=sim: http_json("GET", s.url + "/health", timeout=1)[0] == 200, timeout=30, what=sim.url)
+    return sims
+
+
+def router_argv(target: str, port: int, workers: Sequence[str], rust_bin: str) -> list[str]:
+    """The target's command line: its defaults, plus only where to listen and which workers to use."""
+    kind, _, policy = target.partition(":")
+    if kind == "smg":
+        return [
+            *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
+            *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
+        ]
+    return [
+        *(rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy),
+        # its metrics server binds 0.0.0.0:29000 by default: keep it on loopback and off other runs' ports
+        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port("127.0.0.1"))),
+        *("--log-level", "warn", "--worker-urls", *workers),
+    ]
+
+
+def ready(target: str, router: Router, workers: int) -> bool:
+    """Every worker is routable (or the router exited: no use waiting)."""
+    if not router.alive():
+        return True
+    if target.startswith("smg:"):
+        status, body = http_json("GET", router.url + "/workers", timeout=1)
+        return status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == workers
+    status, body = http_json("GET", router.url + "/readiness", timeout=1)
+    return status == 200 and bool(body.get("healthy_workers") == workers)
+
+
+def start_router(logs: Path, target: str, workers: Sequence[str], *, rust_bin: str, pythonpath: Path | None) -> Router:
+    port = free_port("127.0.0.1")
+    env = {}
+    if target.startswith("smg:") and pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
+    name = f"{target.replace(':', '-')}-{port}"
+    router = Router(
+        name=name, args=router_argv(target, port, workers, rust_bin), log_path=logs / f"{name}.log", env=env, port=port
     )
-    for r in results:
-        vs_direct = f"+{r.p50_ms - direct[r.concurrency].p50_ms:.3f} ms"
-        rust_r = rust_by_c.get(r.concurrency)
-        vs_rust = f"{r.cpu_us / rust_r.cpu_us:.2f}x" if r.cpu_us and rust_r and rust_r.cpu_us else "-"
-        cpu = f"{r.cpu_us:.0f}" if r.cpu_us else "-"
-        print(
-            f"{r.name:22} {r.concurrency:>4} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.rps:>8.0f} {cpu:>10} "
-            f"{vs_direct:>14} {vs_rust:>12}"
-        )
+    router.start()
+    wait_for(partial(ready, target, router, len(workers)), timeout=60, what=f"{target} at {router.url}")
+    if not router.alive():
+        raise RuntimeError(f"{target} exited:\n{router.log()[-2000:]}")
+    return router
+
+
+# --- load ------------------------------------------------------------------------------------------
+
+
+def wrk(url: str, cell: Cell, seconds: int, nonce: str) -> dict[str, Any]:
+    """One wrk run on the load core; its ``done()`` summary (latencies in µs)."""
+    argv = [
+        *(["taskset", "-c", str(LOAD_CORE)] if shutil.which("taskset") else []),
+        *("wrk", "-t1", f"-c{cell.concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s", str(LUA), url, "--"),
+        *(cell.endpoint, "1" if cell.stream else "0", str(MAX_TOKENS[cell.endpoint]), nonce, MODEL),
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRK_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"no summary from wrk:\n{out}")
+    summary: dict[str, Any] = json.loads(line.removeprefix("WRK_JSON "))
+    return summary
+
+
+def check(url: str, cell: Cell) -> dict[str, Any]:
+    """One request of the cell's shape, read whole: the answer is a real one (and a stream ends in [DONE])."""
+    question = f"check {uuid.uuid4().hex}: what does the document say?"
+    body: dict[str, Any]
+    if cell.endpoint == "generate":
+        body = {"text": "You are a benchmark. " + question, "stream": cell.stream}
+        body["sampling_params"] = {"max_new_tokens": MAX_TOKENS["generate"], "temperature": 0}
+        path = "/generate"
+    else:
+        messages = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": question}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS["chat"], "stream": cell.stream}
+        path = "/v1/chat/completions"
+    req = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        status, raw = resp.status, resp.read().decode()
+    if not cell.stream:
+        answer = json.loads(raw)
+        ok = status == 200 and ("text" in answer or bool(answer.get("choices")))
+        return {"status": status, "ok": ok}
+    events = [ln[5:].strip() for ln in raw.splitlines() if ln.startswith("data:")]
+    ok = status == 200 and bool(events) and events[-1] == "[DONE]"
+    return {"status": status, "ok": ok, "chunks": len(events) - 1}
+
+
+def measure(url: str, cell: Cell, *, seconds: int, warmup: int, router: Router | None, sims: Sequence[Sim]) -> Run:
+    if warmup:
+        wrk(url, cell, warmup, "warm" + uuid.uuid4().hex[:8])
+    routers = [router] if router else []
+    cpu0, wcpu0 = tree_cpu(routers), tree_cpu(sims)
+    s = wrk(url, cell, seconds, uuid.uuid4().hex[:8])
+    cpu1, wcpu1 = tree_cpu(routers), tree_cpu(sims)
+    n = max(1, s["requests"])
+    lat = s["latency_us"]
+    return Run(
+        requests=s["requests"],
+        seconds=s["duration_us"] / 1e6,
+        rps=s["requests"] / (s["duration_us"] / 1e6),
+        p50_ms=lat["p50"] / 1e3,
+        p99_ms=lat["p99"] / 1e3,
+        errors=s["errors"],
+        cpu_us=(cpu1 - cpu0) / n * 1e6 if router else None,
+        worker_cpu_us=(wcpu1 - wcpu0) / n * 1e6,
+    )
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def fmt(stat: tuple[float, float, float] | None, digits: int = 0) -> str:
+    if stat is None:
+        return "-"
+    med, lo, hi = stat
+    return f"{med:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def ratio(a: Measured | None, b: Measured | None, name: str = "cpu_us") -> float | None:
+    sa, sb = (a.stat(name) if a else None), (b.stat(name) if b else None)
+    return sa[0] / sb[0] if sa and sb and sb[0] else None
+
+
+def added_p50_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> float | None:
+    """Median p50 over the direct connection's, same cell, in µs."""
+    direct = results.get(("direct", m.cell))
+    sm, sd = m.stat("p50_ms"), direct.stat("p50_ms") if direct else None
+    return (sm[0] - sd[0]) * 1e3 if sm and sd else None
+
+
+def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targets: Sequence[str]) -> str:
+    head = (
+        "| c | load | target | CPU µs/req | vs Rust cache_aware | vs Rust round_robin | p50 ms | p99 ms "
+        "| req/s | p50 added vs direct µs |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    rows = [head]
+    for cell in sorted(cells, key=lambda c: (c.concurrency, c.endpoint != "generate", c.stream)):
+        for target in targets:
+            m = results.get((target, cell))
+            if m is None:
+                continue
+            vs_ca = ratio(m, results.get(("rust:cache_aware", cell))) if m.target.endswith("cache_aware") else None
+            vs_rr = ratio(m, results.get(("rust:round_robin", cell))) if m.target.endswith("round_robin") else None
+            added = added_p50_us(m, results) if target != "direct" else None
+            rows.append(
+                f"| {cell.concurrency} | {cell.label} | {target} | {fmt(m.stat('cpu_us'))} "
+                f"| {f'{vs_ca:.2f}' if vs_ca else ''} | {f'{vs_rr:.2f}' if vs_rr else ''} "
+                f"| {fmt(m.stat('p50_ms'), 2)} | {fmt(m.stat('p99_ms'), 1)} | {fmt(m.stat('rps'))} "
+                f"| {f'{added:.0f}' if added is not None else ''} |"
+            )
+    return "\n".join(rows)
+
+
+def c1_latency(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell]) -> str:
+    """The c=1 added p50 over direct, each target against the Rust one of its policy."""
+    lines = []
+    for cell in (c for c in cells if c.concurrency == 1):
+        parts = []
+        for target in ("smg:round_robin", "smg:cache_aware"):
+            m = results.get((target, cell))
+            added = added_p50_us(m, results) if m else None
+            if added is None:
+                continue
+            rust = results.get(("rust:" + target.partition(":")[2], cell))
+            rust_added = added_p50_us(rust, results) if rust else None
+            vs = f" vs Rust {rust_added:.0f} µs ({added / rust_added:.2f}x)" if rust_added else ""
+            parts.append(f"{target} +{added:.0f} µs{vs}")
+        if parts:
+            lines.append(f"- c=1 {cell.label}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--targets", default=DEFAULT_TARGETS, help="comma-separated: direct, smg:<policy>, rust:<policy>")
+    p.add_argument("--endpoints", default="generate,chat")
+    p.add_argument("--streams", default="0,1", help="0: whole answers, 1: SSE streams")
+    p.add_argument("--concurrency", default="1,64", help="wrk connections per cell")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--duration", type=int, default=5, help="seconds measured per run")
+    p.add_argument("--warmup", type=int, default=1, help="seconds of unmeasured load before each run")
+    p.add_argument("--rust-bin", default="/tmp/smg-rust/bin/smg")
+    p.add_argument("--router-commit", help="measure smg-router as of this git revision (default: the working tree)")
+    p.add_argument("--out", type=Path, help="write every figure, the settings and the command as JSON")
+    p.add_argument("--quick", action="store_true", help="smoke test: 1 rep of 1 s, chat at c=8, streamed and not")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps, args.duration, args.warmup, args.endpoints, args.concurrency = 1, 1, 0, "chat", "8"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not shutil.which("wrk"):
+        sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
+    targets = [t for t in args.targets.split(",") if t]
+    for t in targets:
+        if t != "direct" and not re.fullmatch(r"(smg|rust):\w+", t):
+            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg:<policy> or rust:<policy>")
+    skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
+    if skipped:
+        print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
+        targets = [t for t in targets if t not in skipped]
+    cells = [
+        Cell(e, s == "1", int(c))
+        for c in args.concurrency.split(",")
+        for e in args.endpoints.split(",")
+        for s in args.streams.split(",")
+    ]
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    logs = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    pythonpath = router_code(args.router_commit, logs) if args.router_commit else None
+    results: dict[tuple[str, Cell], Measured] = {}
+    procs: list[Proc] = []
+    try:
+        os.sched_setaffinity(0, {SUT_CORE})  # what this process starts inherits the core under test
+        sims = start_sims(logs, 2)
+        procs += sims
+        routers: dict[str, Router | None] = {"direct": None} if "direct" in targets else {}
+        for t in targets:
+            if t != "direct":
+                router = start_router(logs, t, [s.url for s in sims], rust_bin=args.rust_bin, pythonpath=pythonpath)
+                routers[t] = router
+                procs.append(router)
+        os.sched_setaffinity(0, {LOAD_CORE})
+        urls = {t: (r.url if r else sims[0].url) for t, r in routers.items()}
+        for t in targets:
+            for cell in cells:
+                m = results[(t, cell)] = Measured(t, cell)
+                m.check = check(urls[t], cell)
+                if not m.check["ok"]:
+                    raise RuntimeError(f"{t} {cell}: bad answer {m.check}")
+        for rep in range(args.reps):
+            for cell in cells:
+                order = targets[rep % len(targets) :] + targets[: rep % len(targets)]
+                for t in order:
+                    run = measure(
+                        urls[t], cell, seconds=args.duration, warmup=args.warmup, router=routers[t], sims=sims
+                    )
+                    results[(t, cell)].runs.append(run)
+                    print(
+                        f"rep {rep + 1}/{args.reps} c={cell.concurrency} {cell.label:14} {t:18} "
+                        f"{run.rps:7.0f} req/s  p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.1f} ms  "
+                        f"cpu {run.cpu_us or 0:5.0f} µs/req  errors {sum(run.errors.values())}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    except BaseException:
+        print(f"bench_proxy: logs kept in {logs}", file=sys.stderr)
+        raise
+    finally:
+        stop_all([p for p in procs if isinstance(p, Router)], kill=True)
+        stop_all([p for p in procs if not isinstance(p, Router)])
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    print(table(results, cells, targets))
+    print(c1_latency(results, cells))
+    print(f"\nload average before {' '.join(load_before)}, after {' '.join(load_after)}")
+    failures = sum(m.failures() for m in results.values())
+    if args.out:
+        doc = {
+            "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+            "started": started,
+            "commit": git("rev-parse", "HEAD"),
+            "dirty_router": bool(git("status", "--porcelain", "router")),
+            "router_commit": git("rev-parse", args.router_commit) if args.router_commit else None,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+            "settings": {
+                "reps": args.reps,
+                "duration_s": args.duration,
+                "warmup_s": args.warmup,
+                "max_tokens": MAX_TOKENS,
+                "rust_bin": args.rust_bin,
+                "cores": {"wrk": LOAD_CORE, "routers_and_workers": SUT_CORE},
+            },
+            "skipped": skipped,
+            "cells": [
+                {
+                    "target": m.target,
+                    **asdict(m.cell),
+                    "check": m.check,
+                    "median": {k: (s[0] if (s := m.stat(k)) else None) for k in ("cpu_us", "p50_ms", "p99_ms", "rps")},
+                    "runs": [asdict(r) for r in m.runs],
+                }
+                for m in results.values()
+            ],
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    if failures:
+        print(f"FAILED: {failures} requests failed (wrk socket errors or non-2xx)", file=sys.stderr)
+        return 1
+    shutil.rmtree(logs, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

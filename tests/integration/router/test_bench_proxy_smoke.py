@@ -1,0 +1,67 @@
+"""The proxy benchmark's smoke run: ``bench/bench_proxy.py --quick`` (wrk, real smg-sim workers and routers on
+loopback) completes every cell without a failed request and measures each router's CPU.  Asserts behaviour, not
+speed: the figures themselves are in docs/benchmarks.md.  The Rust `smg` cells run where its binary is installed
+(/tmp/smg-rust, docs/benchmarks.md) and are reported as skipped elsewhere; ``wrk`` is installed by
+scripts/install-test-tools.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BENCH = ROOT / "bench" / "bench_proxy.py"
+RUST_BIN = "/tmp/smg-rust/bin/smg"
+SMG_TARGETS = ["direct", "smg:round_robin", "smg:cache_aware"]
+RUST_TARGETS = ["rust:round_robin", "rust:cache_aware"]
+
+
+def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    assert shutil.which("wrk"), "wrk is missing: run scripts/install-test-tools.sh"
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.mark.timeout(180)
+def test_quick_run_measures_every_cell_without_a_failed_request(tmp_path: Path) -> None:
+    result = run_bench(tmp_path)
+    rust = os.access(RUST_BIN, os.X_OK)
+    expected = SMG_TARGETS + (RUST_TARGETS if rust else [])
+    assert result["skipped"] == ([] if rust else RUST_TARGETS)
+    cells = {(c["target"], c["endpoint"], c["stream"], c["concurrency"]): c for c in result["cells"]}
+    assert set(cells) == {(t, "chat", s, 8) for t in expected for s in (False, True)}
+    for key, cell in cells.items():
+        (run,) = cell["runs"]
+        assert run["requests"] > 50, key
+        assert run["errors"] == dict.fromkeys(("connect", "read", "write", "status", "timeout"), 0), key
+        assert run["worker_cpu_us"] > 0, key
+        if key[0] == "direct":
+            assert run["cpu_us"] is None
+        else:
+            assert run["cpu_us"] > 0, key  # /proc accounting found the router's (and its children's) CPU
+        assert cell["check"]["ok"], key
+        if key[2]:
+            assert cell["check"]["chunks"] == 4, key  # the "~4 chunks" streams of the benchmark
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_rust_binary_skips_only_the_rust_cells(tmp_path: Path) -> None:
+    missing = tmp_path / "no-smg"
+    result = run_bench(tmp_path, "--targets", "smg:round_robin,rust:cache_aware", "--rust-bin", str(missing))
+    assert result["skipped"] == ["rust:cache_aware"]
+    assert {c["target"] for c in result["cells"]} == {"smg:round_robin"}
