@@ -243,3 +243,32 @@ async def test_a_worker_answering_503_is_retried_on_another_and_the_client_never
         finally:
             router.stop()
             sim.stop()
+
+
+async def test_a_hung_worker_times_out_and_pass_through_requests_go_elsewhere_or_504(logs: Path) -> None:
+    good, hung = start_sim(logs), start_sim(logs, extra=["--hang-rate", "1.0"])
+    router = start_router(
+        logs,
+        workers=[good.url, hung.url],
+        args=["--first-byte-timeout", "0.5", "--breaker-failure-threshold", "100"],
+    )
+    try:
+        router.wait_routable(2)
+        async with aiohttp.ClientSession() as s:
+            for i in range(3):
+                async with s.post(router.url + "/v1/tokenize", json={"model": MODEL, "prompt": f"p{i}"}) as r:
+                    assert r.status == 200, await r.text()
+        assert metric_value(router.metrics(), "smg_retries_total", endpoint="/v1/tokenize") >= 1
+        good.stop()  # only the hung worker is left: a timeout, mapped as on every endpoint
+        router.wait_routable(1)
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(router.url + "/v1/tokenize", json={"model": MODEL, "prompt": "x"}) as r,
+        ):
+            answer = await r.json()
+            assert r.status == 504, answer
+        assert answer["error"]["type"] == "upstream_timeout"
+    finally:
+        router.stop()
+        good.stop()
+        hung.stop()
