@@ -4,6 +4,7 @@
 #   etcd            Debian etcd-server                     (real kube-apiserver tier)
 #   prometheus      Debian prometheus (+ promtool)         (observability tier; its service is not started)
 #   kubectl         Debian kubernetes-client (1.20.2, the API server's own version); see below
+#   wrk             Debian wrk                             (load generator of bench/bench_proxy.py and its smoke test)
 #   kube-apiserver  built from Debian's source by scripts/build-kube-apiserver.sh (cached; ~11 min once)
 # apt-get update runs only when a package is missing. Prints one line per tool: name, path, version.
 #
@@ -51,7 +52,7 @@ candidate() {  # candidate version of a Debian package, empty if none
 kubectl_works() { [ -n "$1" ] && [ -x "$1" ] && "$1" version --client >/dev/null 2>&1; }
 
 # --- Debian packages ---------------------------------------------------------------------------------
-apt_install etcd-server prometheus
+apt_install etcd-server prometheus wrk
 
 # --- kubectl -----------------------------------------------------------------------------------------
 choose_kubectl() {
@@ -106,6 +107,7 @@ first_line() { "$@" 2>&1 | head -n1; }
 echo "etcd: $(command -v etcd) ($(first_line etcd --version))"
 echo "prometheus: $(command -v prometheus) ($(first_line prometheus --version))"
 echo "promtool: $(command -v promtool) ($(first_line promtool --version))"
+echo "wrk: $(command -v wrk) ($(first_line wrk --version))"
 kv=$("$KUBECTL_LINK" version --client 2>/dev/null | grep -o 'GitVersion:"[^"]*"' | head -n1 || true)
 [ -n "$kv" ] || kv=$(first_line "$KUBECTL_LINK" version --client)
 echo "kubectl: $KUBECTL_LINK -> $(readlink -f "$KUBECTL_LINK") ($kv)"
