@@ -1,4 +1,4 @@
-"""A generation request's way in: admission, then the request path's one record, parsed once.
+"""A request's way in: admission, the endpoint table, then the request path's one record, parsed once.
 
 Admission comes before the body is read: the body must fit ``--max-payload-size`` (413), and the router
 must have room, both in requests (``--max-concurrent-requests``) and in body bytes held at once
@@ -12,6 +12,11 @@ see it (every chat message in order with its role, not only the first; the compl
 lists are prefixes of the text.  Requests in a cache namespace of their own (``cache_salt``, a LoRA
 adapter, ``extra_key``: ``NAMESPACE_FIELDS``) get a marker before the prompt.  The record satisfies
 ``policies.base.RouteRequest`` (``model``, ``text``), so policies read it without seeing HTTP.
+
+``ENDPOINT_TABLE`` lists every path the router forwards (chat, completions, generate and the pass-through
+endpoints: Messages, Responses, embeddings, rerank, score, classify, tokenize, detokenize, audio): how each
+finds its routing text, which fields it requires, and whether it routes by the model's policy or by load.
+``parse_endpoint`` parses any JSON row the same way; ``parse_request`` is its form for the three original kinds.
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ RETRY_AFTER_S = 1
 FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
 ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta")
+"""What /v1/messages forwards besides: Anthropic's key header (only when the router checks no key) and versions."""
 
 
 @dataclass(slots=True, kw_only=True)
 class ProxyRequest:
-    """One generation request.  Built by ``parse_request``; ``Proxy.handle`` fills ``model`` and ``started``."""
+    """One forwarded request.  Built by ``parse_endpoint`` (or ``upload_request``); ``Proxy.handle`` fills
+    ``model`` and ``started``."""
 
     endpoint: str
-    """Metric label and upstream path: /v1/chat/completions, /v1/completions, /generate."""
+    """Metric label and upstream path: a key of ``ENDPOINT_TABLE`` (/v1/chat/completions, /v1/embeddings, ...)."""
     requested_model: str | None
     """The ``model`` field as the client sent it (None when absent)."""
     stream: bool
