@@ -42,6 +42,10 @@ DROP_RESPONSE_HEADERS = frozenset(
 )
 
 
+SSE_DONE = b"data: [DONE]\n\n"
+"""The event that ends an OpenAI or SGLang stream."""
+
+
 class Relay:
     """Relays answers; keeps the task of every stream it is passing through, for ``end_streams``."""
 
@@ -96,6 +100,8 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         self._streams.add(task)
+        done = False
+        """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
         try:
             chunks = aiter(upstream.chunks())
             first = True
@@ -128,7 +134,12 @@ class Relay:
                 except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
                     req.client_gone = True
                     return out
+                done = chunk.endswith(SSE_DONE)
         except asyncio.CancelledError:
+            if done:  # the client left after the last event, before the worker closed its stream: served
+                task.uncancel()
+                guard.answered(upstream.status)
+                return out
             if not self.closing:
                 raise  # the client went away
             task.uncancel()
@@ -141,7 +152,8 @@ class Relay:
             return out
         finally:
             self._streams.discard(task)
-        await out.write_eof()
+        with contextlib.suppress(ConnectionError):  # gone after the last event: only the chunked body's end is lost
+            await out.write_eof()
         guard.answered(upstream.status)
         return out
 
