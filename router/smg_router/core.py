@@ -67,7 +67,7 @@ class RouterCore:
             metrics=self.metrics,
             retry=settings.retry,
             pd_mode=settings.pd.mode if settings.pd.enabled else None,
-            by_load=factory.create("least_load", role="regular"),  # the non-generative endpoints' choice
+            by_load=self.policies.by_load,  # the non-generative endpoints' choice
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(

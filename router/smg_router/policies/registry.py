@@ -34,6 +34,9 @@ class PolicyRegistry:
         self.prefill = factory.create(settings.prefill_policy or settings.name, role="prefill")
         self.decode = factory.create(settings.decode_policy or settings.name, role="decode")
         self.by_model: dict[str, Policy] = {}
+        self.by_load = factory.create("least_load", role="regular")
+        """The choice of the endpoints whose cost no cached prefix lowers (embeddings, rerank, tokenize, audio):
+        a slot like the others, so the lifecycle reaches it and the load monitor polls for it."""
         self._retired: list[CacheAwarePolicy] = []
         """Dropped cache-aware instances whose trees upkeep has not reclaimed yet."""
         self._upkeep: Upkeep[tuple[CacheAwarePolicy, str]] = Upkeep(
@@ -61,6 +64,7 @@ class PolicyRegistry:
         yield "default", self.default
         yield "prefill", self.prefill
         yield "decode", self.decode
+        yield "by_load", self.by_load
         for model, policy in self.by_model.items():
             yield f"model:{model}", policy
 

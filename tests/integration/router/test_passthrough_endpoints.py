@@ -216,3 +216,22 @@ def test_models_lists_every_model_with_its_workers_by_role(router: Router, fleet
     (model,) = answer["data"]
     assert model["id"] == MODEL and model["object"] == "model"
     assert model["smg"] == {"roles": {"regular": len(fleet)}, "workers": len(fleet), "routable": len(fleet)}
+
+
+async def test_by_load_endpoints_read_polled_loads_even_when_no_policy_does(logs, fleet: list[Sim]) -> None:
+    """With round_robin for generation nothing else reads load: the by-load slot is a policy slot like the
+    others, so the load monitor polls for it and an embeddings request routes on fresh figures."""
+    from support.procs import start_router, wait_until
+
+    r = start_router(logs, workers=[s.url for s in fleet], args=["--policy", "round_robin"])
+    try:
+        r.wait_routable(len(fleet))
+        wait_until(lambda: all(w["load"]["backend"] is not None for w in r.workers()), what="a load poll of each")
+        for _ in range(4):
+            status, body, _ = await _post(r, "/v1/embeddings", {"model": MODEL, "input": "hello"})
+            assert status == 200, body
+        text = r.metrics()
+        assert metric_value(text, "smg_routing_fallbacks_total", policy="least_load", reason="no_load_data") == 0
+        assert metric_value(text, "smg_requests_total", endpoint="/v1/embeddings", status="200") == 4
+    finally:
+        r.stop()
