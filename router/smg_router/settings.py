@@ -149,6 +149,42 @@ class ServerSettings:
     log_level: str = "info"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoutingSettings:
+    """What a request may say about where it goes: a session key header, and the model names it may use."""
+
+    key_header: str = "x-smg-routing-key"
+    """Request header whose value pins the request to a worker by rendezvous hashing over the routable workers
+    of its model and role, under the load gate (``policies.sticky``); "" turns session keys off."""
+    model_aliases: tuple[tuple[str, str], ...] = ()
+    """(public name, served name) pairs: a request for the public name routes to the workers of the served one,
+    and the body forwarded names the served model.  Chains are resolved here; cycles are refused."""
+
+
+def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The alias map with chains followed to a served name; ValueError naming the alias for one given twice
+    with two targets, one equal to the served ``--model-id``, or a cycle."""
+    table: dict[str, str] = {}
+    for public, target in pairs:
+        if not public or not target:
+            raise ValueError(f"model alias {public}={target}: both names must be non-empty")
+        if table.get(public, target) != target:
+            raise ValueError(f"model alias {public} is given twice ({table[public]} and {target})")
+        if public == served:
+            raise ValueError(f"model alias {public} is the name of the served model (--model-id)")
+        table[public] = target
+    resolved: dict[str, str] = {}
+    for public in table:
+        seen, name = [public], table[public]
+        while name in table:
+            if name in seen:
+                raise ValueError(f"model alias {public} is part of a cycle: {' -> '.join([*seen, name])}")
+            seen.append(name)
+            name = table[name]
+        resolved[public] = name
+    return tuple(resolved.items())
+
+
 PD_MODES = ("sglang", "vllm")
 """How the KV moves from prefill to decode: SGLang's bootstrap rooms, or vLLM's ``kv_transfer_params``."""
 
@@ -174,6 +210,7 @@ class Settings:
     health: HealthSettings = field(default_factory=HealthSettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
     pd: PDSettings = field(default_factory=PDSettings)
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
     worker_urls: tuple[str, ...] = ()
     model_id: str | None = None
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
@@ -328,6 +365,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
     add("--api-key", None, help="bearer token required by the data plane (generation endpoints, /v1/models)")
     add("--log-level", s.log_level, help="debug, info, warning, error")
+    add(
+        "--routing-key-header",
+        RoutingSettings().key_header,
+        help="request header whose value pins a session to a worker (consistent hashing under the load gate; "
+        "empty: off)",
+    )
+    p.add_argument(
+        "--model-alias",
+        action="append",
+        metavar="PUBLIC=SERVED",
+        default=_entries(_env("model-alias", "")),
+        help="a model name clients may use for a served model; repeatable (SMG_MODEL_ALIAS: comma separated)",
+    )
     return p
 
 
@@ -400,7 +450,18 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--prefill and --decode need --pd-disaggregation")
     if a.pd_disaggregation and a.worker_urls:
         parser.error("--worker-urls cannot be combined with --pd-disaggregation (use --prefill and --decode)")
+    pairs = []
+    for entry in a.model_alias:
+        public, eq, served = (x.strip() for x in entry.partition("="))
+        if not eq:
+            parser.error(f"--model-alias takes PUBLIC=SERVED, got {entry!r}")
+        pairs.append((public, served))
+    try:
+        aliases = resolve_aliases(pairs, a.model_id)
+    except ValueError as e:
+        parser.error(f"--model-alias: {e}")
     return Settings(
+        routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host,
