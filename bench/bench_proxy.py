@@ -418,9 +418,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_all([p for p in procs if isinstance(p, Router)], kill=True)
         stop_all([p for p in procs if not isinstance(p, Router)])
     load_after = Path("/proc/loadavg").read_text().split()[:3]
-    print(table(results, cells, targets))
-    print(c1_latency(results, cells))
-    print(f"\nload average before {' '.join(load_before)}, after {' '.join(load_after)}")
     failures = sum(m.failures() for m in results.values())
     if args.out:
         doc = {
@@ -454,6 +451,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(results, cells, targets))
+    print(c1_latency(results, cells))
+    print(f"\nload average before {' '.join(load_before)}, after {' '.join(load_after)}")
     if failures:
         print(f"FAILED: {failures} requests failed (wrk socket errors or non-2xx)", file=sys.stderr)
         return 1

@@ -186,14 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_all([p for p in procs if not isinstance(p, Router)])
     shares, tops = aggregate(raw.read_text().splitlines())
     rps = {k: s["requests"] / (s["duration_us"] / 1e6) for k, s in (("plain", plain), ("profiled", profiled))}
-    print(
-        f"smg:{args.policy}, {cell.label}, c={cell.concurrency}: {rps['plain']:.0f} req/s unprofiled, "
-        f"{rps['profiled']:.0f} req/s while sampled at {args.rate} Hz for {args.duration} s"
-    )
-    print(table(shares))
-    for b in BUCKETS:
-        if tops.get(b):
-            print(f"\n{b}: " + "; ".join(f"{f} {n}" for f, n in tops[b].most_common(6)))
     if args.out:
         doc = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -206,6 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(
+        f"smg:{args.policy}, {cell.label}, c={cell.concurrency}: {rps['plain']:.0f} req/s unprofiled, "
+        f"{rps['profiled']:.0f} req/s while sampled at {args.rate} Hz for {args.duration} s"
+    )
+    print(table(shares))
+    for b in BUCKETS:
+        if tops.get(b):
+            print(f"\n{b}: " + "; ".join(f"{f} {n}" for f, n in tops[b].most_common(6)))
     return 0
 
 
