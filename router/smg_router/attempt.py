@@ -2,7 +2,9 @@
 
 ``Attempts.open(role, req, exclude)`` gathers the routable workers of the role that serve the request's
 model, asks that model's policy to choose (or, ``by_load``, the router's one ``least_load`` instance: the
-non-generative endpoints), and returns an ``AttemptGuard`` for the chosen worker.  The
+non-generative endpoints) through ``Policy.route``, which pins a request with a routing key the same way
+whatever the policy (retries exclude the workers already tried, so a pinned key moves on only then), and
+returns an ``AttemptGuard`` for the chosen worker.  The
 guard is the only code that touches a worker's in-flight count, processed count and circuit breaker
 (the Rust SMG's ``WorkerLoadGuard``): it counts the attempt in when it opens, and when it closes (at the
 end of the response, however it ends) it counts it out and hands the outcome to the breaker.
@@ -125,6 +127,6 @@ class Attempts:
             )
         policy = self._by_load if by_load and self._by_load is not None else self._policies.policy_for(role, req.model)
         t0 = time.perf_counter()
-        worker = policy.select(candidates, req, time.monotonic())
+        worker = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
         return AttemptGuard(worker, registry=self._registry, metrics=self._metrics)

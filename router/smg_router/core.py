@@ -68,6 +68,7 @@ class RouterCore:
             retry=settings.retry,
             pd_mode=settings.pd.mode if settings.pd.enabled else None,
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
+            routing=settings.routing,  # session key header, model aliases
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(

@@ -6,6 +6,11 @@ bytes the client sent (never re-serialised), and answered with the worker's resp
 as it arrives (``relay``).  A connect error, a 5xx or a 429 before anything reached the client is
 retried on another worker with backoff (a 429 with no other worker to try is passed on).  In PD mode
 the request goes to ``pd`` instead, which uses the same attempts and relay.
+
+Before that, what the request says about its routing (``--model-alias``, ``request.apply_routing_headers``):
+a model alias names the served model instead (its body re-serialised with the served name, only then); a
+session key header, or a Responses call's ``previous_response_id`` (with the worker that produced it, when this
+router relayed it: ``response_ids``), pins it (``policies.sticky``); routing tokens replace its routing text.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Mapping
 
+import orjson
 from aiohttp import web
 
 from smg_router.attempt import Attempts, is_retryable
@@ -31,9 +38,10 @@ from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
 from smg_router.policies.base import Policy
 from smg_router.policies.registry import PolicyRegistry
-from smg_router.relay import Relay
-from smg_router.request import PD_ENDPOINTS, ProxyRequest
-from smg_router.settings import RetrySettings
+from smg_router.relay import RESPONSES, Relay
+from smg_router.request import PD_ENDPOINTS, ProxyRequest, apply_routing_headers
+from smg_router.response_ids import ResponseIds
+from smg_router.settings import RetrySettings, RoutingSettings
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 from smg_router.workers.registry import WorkerRegistry
 
@@ -51,13 +59,18 @@ class Proxy:
         retry: RetrySettings,
         pd_mode: str | None = None,
         by_load: Policy | None = None,
+        routing: RoutingSettings | None = None,
     ) -> None:
         self._registry = registry
+        self._routing = routing or RoutingSettings()
+        self.aliases: Mapping[str, str] = dict(self._routing.model_aliases)
+        """Public model name → the served name it routes to (``--model-alias``); ``/v1/models`` lists them too."""
+        self.response_ids = ResponseIds()
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
         self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics, by_load=by_load)
-        self.relay = Relay(metrics=metrics)
+        self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
             self._pd = pd_dispatcher(
@@ -67,6 +80,11 @@ class Proxy:
     async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""
         req.model = self.resolve_model(req.requested_model)
+        self._apply_alias(req)
+        apply_routing_headers(req, request.headers, self._routing.key_header)
+        if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
+            req.routing_key = prev  # the stored response is on one worker: before any session key
+            req.worker_hint = self.response_ids.worker_of(prev)
         req.started = time.perf_counter()
         status = 500
         try:
@@ -103,17 +121,35 @@ class Proxy:
             raise NoWorkerAvailable(f"no {role} workers are registered", code="no_workers")
         models = {w.model_id for w in workers}
         if requested is not None:
+            asked = requested
+            if requested not in models:  # a served name wins over an alias of the same name (a worker added later)
+                requested = self.aliases.get(requested, requested)
             if requested in models:
                 return requested
             if None in models:  # a worker whose model is not known yet may serve it: the shared "" key, so a
                 return ""  # client-chosen name never creates a tree or a metric series of its own
-            raise ModelNotFound(requested)
+            raise ModelNotFound(asked)
         known = sorted(m for m in models if m is not None)
         if len(known) == 1:
             return known[0]
         if not known:
             return ""
         raise BadRequest(f"model is required: this router serves {', '.join(known)}", code="missing_field")
+
+    def _apply_alias(self, req: ProxyRequest) -> None:
+        """A request for an alias: the body forwarded names the served model (re-serialised only then)."""
+        public = req.requested_model
+        served = self.aliases.get(public) if public is not None and public != req.model else None
+        if served is None or (req.model and req.model != served):
+            return  # no alias, or the name is served itself
+        if req.upload is not None:
+            raise BadRequest(
+                f"model alias '{public}' cannot be applied to a multipart upload (the router streams it through "
+                f"unchanged): send model '{served}'",
+                code="alias_not_supported",
+            )
+        req.body["model"] = served
+        req.raw = orjson.dumps(req.body)
 
     async def _forward(self, request: web.Request, req: ProxyRequest, role: str) -> web.StreamResponse:
         tried: set[str] = set()

@@ -23,6 +23,7 @@ from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
 from smg_router.request import ProxyRequest
+from smg_router.response_ids import SCAN_LIMIT, ResponseIds, id_of_body, id_of_events
 from smg_router.upstream.base import UpstreamResponse
 from smg_router.workers.worker import Worker
 
@@ -44,13 +45,21 @@ DROP_RESPONSE_HEADERS = frozenset(
 
 SSE_DONE = b"data: [DONE]\n\n"
 """The event that ends an OpenAI or SGLang stream."""
+RESPONSES = "/v1/responses"
+"""The endpoint whose response ids are remembered with their worker (``response_ids``)."""
+WORKER_ID_HEADER = "x-smg-worker-id"
+"""The routed worker's opaque id (a hash of its URL), as SGLang's gateway names it."""
+ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+"""The routed worker's URL, as the Rust SMG names it (the decode worker in PD mode)."""
 
 
 class Relay:
     """Relays answers; keeps the task of every stream it is passing through, for ``end_streams``."""
 
-    def __init__(self, *, metrics: Metrics) -> None:
+    def __init__(self, *, metrics: Metrics, response_ids: ResponseIds | None = None) -> None:
         self._metrics = metrics
+        self.response_ids = response_ids
+        """Where the ids of relayed Responses answers are remembered with their worker (None: nowhere)."""
         self._streams: set[asyncio.Task[object]] = set()
         self.closing = False
         """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
@@ -82,6 +91,8 @@ class Relay:
                     f"worker {guard.worker.id} broke off its answer: {e}", code="upstream_disconnected"
                 ) from None
             guard.answered(upstream.status)
+            if self._records(req, upstream.status) and (rid := id_of_body(body)) is not None:
+                self._remember(rid, guard.worker)
             return web.Response(status=upstream.status, body=body, headers=headers)
         finally:
             upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
@@ -102,6 +113,8 @@ class Relay:
         self._streams.add(task)
         done = False
         """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
+        scan: bytearray | None = bytearray() if self._records(req, upstream.status) else None
+        """The stream's start, until its response id was found (Responses only)."""
         try:
             chunks = aiter(upstream.chunks())
             first = True
@@ -135,6 +148,13 @@ class Relay:
                     req.client_gone = True
                     return out
                 done = chunk.endswith(SSE_DONE)
+                if scan is not None:
+                    scan += chunk
+                    if (rid := id_of_events(bytes(scan))) is not None:
+                        self._remember(rid, guard.worker)
+                        scan = None
+                    elif len(scan) > SCAN_LIMIT:
+                        scan = None
         except asyncio.CancelledError:
             if done:  # the client left after the last event, before the worker closed its stream: served
                 task.uncancel()
@@ -157,6 +177,13 @@ class Relay:
         guard.answered(upstream.status)
         return out
 
+    def _records(self, req: ProxyRequest, status: int) -> bool:
+        return self.response_ids is not None and req.endpoint == RESPONSES and 200 <= status < 300
+
+    def _remember(self, response_id: str, worker: Worker) -> None:
+        assert self.response_ids is not None
+        self.response_ids.remember(response_id, worker.id)
+
 
 async def _end_with_error(out: web.StreamResponse, message: str, *, type: str, code: str) -> None:
     """The last events of a stream that cannot go on: an OpenAI-shaped error, then [DONE]."""
@@ -168,5 +195,6 @@ async def _end_with_error(out: web.StreamResponse, message: str, *, type: str, c
 
 def response_headers(upstream: Mapping[str, str], worker: Worker) -> dict[str, str]:
     headers = {k: v for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS}
-    headers["x-smg-worker-id"] = worker.id
+    headers[WORKER_ID_HEADER] = worker.id
+    headers[ROUTED_WORKER_HEADER] = worker.url
     return headers

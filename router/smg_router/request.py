@@ -17,6 +17,11 @@ adapter, ``extra_key``: ``NAMESPACE_FIELDS``) get a marker before the prompt.  T
 endpoints: Messages, Responses, embeddings, rerank, score, classify, tokenize, detokenize, audio): how each
 finds its routing text, which fields it requires, and whether it routes by the model's policy or by load.
 ``parse_endpoint`` parses any JSON row the same way; ``parse_request`` is its form for the three original kinds.
+
+Routing headers (``apply_routing_headers``, called by the proxy): a session key (``--routing-key-header``,
+default ``x-smg-routing-key``) pins the request; ``x-smg-routing-tokens`` (comma-separated token ids from a
+gateway in front that tokenized the prompt) replaces the prompt text as the routing text.  Neither depends on
+the endpoint; neither is forwarded to the worker except the session key, which SGLang reads too.
 """
 
 from __future__ import annotations
@@ -75,6 +80,11 @@ class ProxyRequest:
     """Routed to the least-loaded worker of the model, not by its policy (the non-generative endpoints)."""
     upload: StreamedUpload | None = None
     """A multipart body streamed through (``raw`` is then only its head, read to find the model)."""
+    routing_key: str | None = None
+    """The session key that pins the request to a worker (``policies.sticky``): the routing key header's value,
+    or a Responses call's ``previous_response_id``; None: the model's policy chooses."""
+    worker_hint: str | None = None
+    """Id of the worker that produced the ``previous_response_id`` (as this router relayed it), or None."""
 
 
 def _content_text(content: Any) -> str:
@@ -342,6 +352,60 @@ def upload_request(
         by_load=True,
         upload=upload,
     )
+
+
+ROUTING_TOKENS_HEADER = "x-smg-routing-tokens"
+"""Token ids a gateway in front supplies for routing, instead of the prompt text: ``1,2,3`` (decimal,
+non-negative, comma separated, spaces allowed around them)."""
+MAX_ROUTING_TOKENS = 131072
+"""Most ids the routing tokens header may carry (a 400 above): a long prompt, bounded.  The server's limit on
+one header's size usually binds first (aiohttp: 8190 bytes, ~1500 ids)."""
+TOKEN_BASE = 0xF0000
+"""Token ids become characters of Unicode's supplementary private use planes (U+F0000 ...), which no text
+uses: a token prefix is a text prefix in the tree, and never matches a text prompt."""
+_ONE_CHAR = 0x1F000
+"""Ids below this are one char (U+F0000 ... U+10EFFF); larger ones two: a lead in U+10F000 ... U+10FFFF (ids'
+high bits), then their low 17 bits.  The code is prefix-free, so prefixes of id lists stay prefixes."""
+MAX_TOKEN_ID = 2**29 - 1
+"""The largest id the two-char form holds (4096 leads x 2^17); vocabularies are under 2^20."""
+
+
+def routing_tokens_text(value: str) -> str:
+    """The routing text of a routing tokens header; a 400 naming the header when it is malformed or too long."""
+    parts = value.split(",")
+    if len(parts) > MAX_ROUTING_TOKENS:
+        raise BadRequest(
+            f"{ROUTING_TOKENS_HEADER} carries {len(parts)} token ids, more than {MAX_ROUTING_TOKENS}",
+            code="invalid_header",
+        )
+    chars = []
+    for p in parts:
+        p = p.strip()
+        if not p.isascii() or not p.isdigit() or int(p) > MAX_TOKEN_ID:
+            raise BadRequest(
+                f"{ROUTING_TOKENS_HEADER} must be comma-separated token ids (integers 0 to {MAX_TOKEN_ID}), "
+                f"got {p[:32]!r}",
+                code="invalid_header",
+            )
+        i = int(p)
+        if i < _ONE_CHAR:
+            chars.append(chr(TOKEN_BASE + i))
+        else:
+            chars.append(chr(0x10F000 + (i >> 17)) + chr(TOKEN_BASE + (i & 0x1FFFF)))
+    return "".join(chars)
+
+
+def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_header: str) -> None:
+    """Read the routing headers into ``req``: the session key (``key_header``; "" off), forwarded as it came,
+    and the routing tokens, which replace the prompt text after its cache namespace marker."""
+    if key_header and (key := headers.get(key_header)) is not None and key != "":
+        req.routing_key = key
+        req.headers[key_header] = key
+    if (tokens := headers.get(ROUTING_TOKENS_HEADER)) is not None:
+        text = routing_tokens_text(tokens)
+        if not req.by_load:  # a by-load endpoint has no routing text to replace (still checked: a 400 is a 400)
+            req.text = cache_namespace(req.body) + text
+            req.head = 0  # ids carry no conversation structure the router can see
 
 
 class Admission:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from smg_router.policies.cache_aware import placement_key, rendezvous_score
+from smg_router.policies.placement import placement_key, rendezvous_score
 from smg_router.settings import PolicySettings
 from support.llamacpp import MODEL_ID, LlamaServer
 from support.procs import Router, http_json, metric_value, wait_until

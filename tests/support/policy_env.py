@@ -20,6 +20,10 @@ class RouteRequest:
     text: str
     head: int = 0
     """No conversation structure (a plain prompt) unless a test says otherwise."""
+    routing_key: str | None = None
+    """A session key that pins the request (``policies.sticky``); None: the policy chooses."""
+    worker_hint: str | None = None
+    """A worker known to hold the request's state (a previous response)."""
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:

@@ -3,6 +3,10 @@
 A policy chooses one worker among routable candidates.  It is told which workers it can reach through
 ``sync`` (the one lifecycle path calls it after every add, update and removal) and never learns of
 workers any other way.  ``select`` is synchronous: the event loop is the lock.
+
+``route`` is what the request path calls: a request with a routing key (a session key, a previous response
+id) is pinned by ``sticky`` the same way whatever the policy, then the policy records the choice
+(``pinned``); every other request gets the policy's own ``select``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from smg_router.metrics import Metrics
+from smg_router.policies.sticky import pin
 from smg_router.settings import PolicySettings
 from smg_router.workers.load import LoadView
 from smg_router.workers.worker import Worker
@@ -36,6 +41,16 @@ class RouteRequest(Protocol):
         """Length of the text's head: the part later turns of the same conversation repeat (0: unknown)."""
         ...
 
+    @property
+    def routing_key(self) -> str | None:
+        """A key that pins the request to a worker by rendezvous hashing (``sticky``); None: the policy chooses."""
+        ...
+
+    @property
+    def worker_hint(self) -> str | None:
+        """Id of a worker known to hold the request's state (the producer of its previous response), or None."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyContext:
@@ -57,9 +72,24 @@ class Policy:
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
+    def route(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+        """The request path's choice: pinned by the request's routing key when it has one (one rule for every
+        policy, counted as branch ``session`` or ``stored``), else the policy's own ``select``."""
+        key = req.routing_key
+        if key is None:
+            return self.select(workers, req, now)
+        i, branch = pin(workers, self.loads_of(workers, req.model, now), key, req.worker_hint, self.ctx.settings)
+        self.ctx.metrics.decisions.labels(req.model, self.ctx.role, branch).inc()
+        self.pinned(workers[i], req)
+        return workers[i]
+
     def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
         """Choose among ``workers`` (non-empty, all routable, stable order)."""
         raise NotImplementedError
+
+    def pinned(self, worker: Worker, req: RouteRequest) -> None:
+        """``worker`` was chosen for ``req`` by its routing key: keep what the policy knows true (cache_aware
+        inserts the text for it).  Stateless policies ignore it."""
 
     def sync(self, workers: Sequence[Worker]) -> None:
         """The workers this instance can reach now (lifecycle).  Stateless policies ignore it."""

@@ -30,6 +30,9 @@ routable workers:
    place a group on up to 2 workers where pure ranking kept every group on one (12 groups, 4 workers).
 5. Insert the text for the chosen worker, in the same descent as the match.
 
+A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
+``pinned`` then inserts its text for that worker, so the tree still says what each engine caches.
+
 Warm-up: a worker that joined the fleet after the workers this instance first saw, less than warmup_seconds
 ago, and holds less of the tree than the mean share, takes the hits whose rendezvous choice it is when it is
 no busier than the holders: it takes up the groups every replica would place on it, each moving once.
@@ -52,23 +55,13 @@ tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
+from smg_router.policies.placement import placement_key, rendezvous_pick, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
-
-
-def placement_key(text: str, chars: int) -> bytes:
-    """The digest every replica derives from a text to rank the workers for it."""
-    return hashlib.blake2b(text[:chars].encode("utf-8", "surrogatepass"), digest_size=8).digest()
-
-
-def rendezvous_score(key: bytes, worker_id: str) -> int:
-    """Highest random weight of a worker for ``key``: the same on every replica (ids are hashes of URLs)."""
-    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8, key=key).digest())
 
 
 class CacheAwarePolicy(Policy):
@@ -139,11 +132,13 @@ class CacheAwarePolicy(Policy):
         tree.match_and_insert(text, choose)
         return chosen
 
-    def _within_gate(self, loads: Sequence[int]) -> list[bool]:
-        """Per worker: not over the load gate (far above the least loaded, in both absolute and relative terms)."""
-        s = self.ctx.settings
-        lo = min(loads)
-        return [not (x - lo > s.balance_abs_threshold and x > lo * s.balance_rel_threshold) for x in loads]
+    def pinned(self, worker: Worker, req: RouteRequest) -> None:
+        """A session key chose ``worker``: the engine will cache the prompt there, so the tree says so."""
+        tree = self._trees.get(req.model)
+        if tree is None:
+            tree = self._trees[req.model] = RadixTree()
+            self.fallback(req.model, "no_tree")
+        tree.insert(req.text, worker.url)
 
     def _choose_by_match(
         self,
@@ -164,7 +159,7 @@ class CacheAwarePolicy(Policy):
             m.cache_misses.labels(model, role).inc()
         m.matched_chars.labels(model, role, "fleet").inc(match.matched_chars)
         key_text = text[: head or len(text)]
-        ok = self._within_gate(loads)
+        ok = within_gate(loads, s)
         # in a conversation the tree decides only when it knows what placement looks at (the head's leading
         # chars): a match of less (a system prompt every conversation shares) says nothing of this one
         covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
@@ -197,14 +192,7 @@ class CacheAwarePolicy(Policy):
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
         """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""
-        key = placement_key(text, self.ctx.settings.placement_prefix_chars)
-        best, best_score = 0, -1
-        for i, w in enumerate(workers):
-            if ok[i]:
-                score = rendezvous_score(key, w.id)
-                if score > best_score:
-                    best, best_score = i, score
-        return best
+        return rendezvous_pick(workers, ok, placement_key(text, self.ctx.settings.placement_prefix_chars))
 
     def _warming(self, workers: Sequence[Worker], tree: RadixTree) -> set[int]:
         """The newcomers still warming up: joined after the fleet's first workers (the router's own start is no

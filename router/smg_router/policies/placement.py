@@ -1,0 +1,45 @@
+"""Rendezvous placement and the load gate: what cache-aware placement and session keys share.
+
+Both place a key (a prompt's leading chars, a session key) on the worker that ranks first for it by
+rendezvous hashing among the workers within the load gate.  Every router replica computes the same ranking
+from the same key, worker ids (hashes of URLs) and shared backlog, so replicas that never talk agree, and a
+key moves only when its worker leaves, becomes unroutable or goes over the gate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from smg_router.settings import PolicySettings
+from smg_router.workers.worker import Worker
+
+
+def placement_key(text: str, chars: int) -> bytes:
+    """The digest every replica derives from a text to rank the workers for it."""
+    return hashlib.blake2b(text[:chars].encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def rendezvous_score(key: bytes, worker_id: str) -> int:
+    """Highest random weight of a worker for ``key``: the same on every replica (ids are hashes of URLs)."""
+    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8, key=key).digest())
+
+
+def within_gate(loads: Sequence[int], settings: PolicySettings) -> list[bool]:
+    """Per worker: not over the load gate (``load - min > balance_abs_threshold`` AND ``load > min *
+    balance_rel_threshold``, min over the routable workers)."""
+    lo = min(loads)
+    abs_t, rel_t = settings.balance_abs_threshold, settings.balance_rel_threshold
+    return [not (x - lo > abs_t and x > lo * rel_t) for x in loads]
+
+
+def rendezvous_pick(workers: Sequence[Worker], ok: Sequence[bool], key: bytes) -> int:
+    """Index of the worker that ranks first for ``key`` among those with ``ok`` (the least loaded is always
+    within the gate, so there is one)."""
+    best, best_score = 0, -1
+    for i, w in enumerate(workers):
+        if ok[i]:
+            score = rendezvous_score(key, w.id)
+            if score > best_score:
+                best, best_score = i, score
+    return best

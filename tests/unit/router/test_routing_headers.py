@@ -1,0 +1,147 @@
+"""Routing headers (``request.apply_routing_headers``), model aliases (``Proxy``) and the response id map."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from smg_router.errors import BadRequest
+from smg_router.proxy import Proxy
+from smg_router.request import (
+    MAX_ROUTING_TOKENS,
+    ROUTING_TOKENS_HEADER,
+    apply_routing_headers,
+    parse_request,
+    routing_tokens_text,
+)
+from smg_router.response_ids import ResponseIds, id_of_body, id_of_events
+from smg_router.settings import RetrySettings, RoutingSettings, parse_settings
+from smg_router.upstream import Upstream
+from smg_router.workers.registry import WorkerRegistry
+from support.policy_env import Env, make_worker
+
+KEY = "x-smg-routing-key"
+
+
+def _chat(**extra: object) -> bytes:
+    return orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}], **extra})
+
+
+def test_the_session_key_header_is_read_and_forwarded() -> None:
+    req = parse_request("chat", _chat(), {})
+    apply_routing_headers(req, {KEY: "user-42"}, KEY)
+    assert req.routing_key == "user-42"
+    assert req.headers[KEY] == "user-42"
+
+
+def test_an_empty_header_name_turns_session_keys_off() -> None:
+    req = parse_request("chat", _chat(), {})
+    apply_routing_headers(req, {KEY: "user-42"}, "")
+    assert req.routing_key is None
+
+
+def test_routing_tokens_replace_the_text_after_the_namespace_marker() -> None:
+    req = parse_request("chat", _chat(cache_salt="s1"), {})
+    marker = req.text[: req.text.index("\x00", 1) + 1]
+    apply_routing_headers(req, {ROUTING_TOKENS_HEADER: "1, 2,3"}, KEY)
+    assert req.text == marker + routing_tokens_text("1,2,3")
+    assert req.head == 0
+
+
+def test_token_prefixes_are_text_prefixes_and_never_match_text() -> None:
+    short, long = routing_tokens_text("5,200000,7"), routing_tokens_text("5,200000,7,9")
+    assert long.startswith(short)
+    assert len(routing_tokens_text("1,126975")) == 2 and len(routing_tokens_text("126976")) == 2
+    assert routing_tokens_text("0") != routing_tokens_text("126976")[:1]
+    assert all(ord(c) >= 0xF0000 for c in long)
+
+
+@pytest.mark.parametrize("value", ["", "1,,2", "-1", "1.5", "a", "[1,2]", "1;2", "٣", str(2**29)])
+def test_malformed_routing_tokens_are_a_400_naming_the_header(value: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        routing_tokens_text(value)
+    assert ROUTING_TOKENS_HEADER in e.value.message
+
+
+def test_too_many_routing_tokens_are_a_400() -> None:
+    with pytest.raises(BadRequest, match="more than"):
+        routing_tokens_text(",".join(["1"] * (MAX_ROUTING_TOKENS + 1)))
+
+
+def _proxy(env: Env, aliases: tuple[tuple[str, str], ...], *workers) -> Proxy:  # type: ignore[no-untyped-def]
+    from smg_router.policies.registry import PolicyRegistry
+
+    registry = WorkerRegistry()
+    for w in workers:
+        registry.add(w)
+    policies = PolicyRegistry(env.factory, env.settings)
+    policies.sync(registry)
+    return Proxy(
+        registry=registry,
+        policies=policies,
+        upstream=Upstream(connect_timeout=1, total_timeout=1),
+        metrics=env.metrics,
+        retry=RetrySettings(),
+        routing=RoutingSettings(model_aliases=aliases),
+    )
+
+
+def test_an_alias_routes_to_the_served_model_and_rewrites_only_its_body(env: Env) -> None:
+    proxy = _proxy(env, (("public", "m"),), make_worker(2, model="m"))
+    req = parse_request("chat", _chat(model="public"), {})
+    req.model = proxy.resolve_model(req.requested_model)
+    proxy._apply_alias(req)
+    assert req.model == "m"
+    assert orjson.loads(req.raw)["model"] == "m"
+    plain = parse_request("chat", _chat(), {})
+    raw = plain.raw
+    plain.model = proxy.resolve_model(plain.requested_model)
+    proxy._apply_alias(plain)
+    assert plain.raw is raw  # no alias: the bytes the client sent
+
+
+def test_a_served_name_wins_over_an_alias_of_the_same_name(env: Env) -> None:
+    proxy = _proxy(env, (("public", "m"),), make_worker(2, model="m"), make_worker(3, model="public"))
+    req = parse_request("chat", _chat(model="public"), {})
+    req.model = proxy.resolve_model(req.requested_model)
+    proxy._apply_alias(req)
+    assert req.model == "public" and orjson.loads(req.raw)["model"] == "public"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model-alias", "a=b", "--model-alias", "b=a"], "model alias a is part of a cycle: a -> b -> a"),
+        (["--model-alias", "m=x", "--model-id", "m"], "model alias m is the name of the served model"),
+        (["--model-alias", "a=b", "--model-alias", "a=c"], "model alias a is given twice"),
+        (["--model-alias", "ab"], "--model-alias takes PUBLIC=SERVED"),
+    ],
+)
+def test_bad_aliases_are_a_startup_error_naming_them(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_alias_chains_resolve_and_the_env_form_is_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SMG_MODEL_ALIAS", "gpt=llama, chat=gpt")
+    assert dict(parse_settings([]).routing.model_aliases) == {"gpt": "llama", "chat": "llama"}
+    assert parse_settings(["--routing-key-header", "X-Session"]).routing.key_header == "x-session"
+
+
+def test_the_response_map_is_a_bounded_lru() -> None:
+    ids = ResponseIds(max_size=2)
+    ids.remember("r1", "w1")
+    ids.remember("r2", "w2")
+    assert ids.worker_of("r1") == "w1"  # r1 is now the most recent
+    ids.remember("r3", "w3")
+    assert (ids.worker_of("r2"), ids.worker_of("r1"), len(ids)) == (None, "w1", 2)
+
+
+def test_response_ids_are_read_from_the_body_and_the_first_events() -> None:
+    assert id_of_body(b'{"id": "resp_1", "object": "response"}') == "resp_1"
+    assert id_of_body(b"not json") is None
+    events = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2"}}\n\n'
+    assert id_of_events(events) == "resp_2"
+    assert id_of_events(events[:-30]) is None  # the data line is not complete yet
