@@ -1,10 +1,13 @@
-"""POST /v1/responses: OpenAI's Responses API, stateless, on the simulated engine.
+"""POST /v1/responses: OpenAI's Responses API on the simulated engine, stored as vLLM and OpenAI do.
 
 ``instructions`` becomes the system message and ``input`` (a string, or input items) the conversation,
 through the chat template of /v1/chat/completions, so prefixes are cached across the APIs.  Items without
-a role (function calls and their outputs) enter the prompt as their textual fields.  ``previous_response_id``
-is refused: the sim keeps no responses.  A stream is the event sequence the openai client parses
-(``response.created`` ... ``response.output_text.delta`` ... ``response.completed``).
+a role (function calls and their outputs) enter the prompt as their textual fields.  A response is stored
+(``store``, default true) in this worker's memory, the last ``STORE_LIMIT`` of them: ``previous_response_id``
+continues that conversation (its input and output come before the new input; its instructions do not carry
+over, as in OpenAI's API), and an id this worker does not hold is a 404 ``previous_response_not_found``, as on
+vLLM: a router must send the call to the worker that produced the response.  A stream is the event sequence
+the openai client parses (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from .sse import respond_named_sse
 from .state import STATE_KEY, SimState
 from .tokens import encode
 
+STORE_LIMIT = 4096
+"""Stored responses a worker keeps (the oldest is dropped first)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Call:
@@ -37,6 +43,10 @@ class _Call:
     max_output_tokens: int
     stream: bool
     prepared: list[gen.Prepared]
+    conversation: list[dict[str, Any]]
+    """The previous response's conversation, then this input (no instructions): what is stored with the output."""
+    store: bool
+    previous_response_id: str | None
 
 
 def input_messages(given: Any) -> list[dict[str, Any]]:
@@ -73,15 +83,27 @@ async def _parse(request: web.Request) -> tuple[SimState, _Call]:
         raise ApiError(
             404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)", code="model_not_found"
         )
-    if body.get("previous_response_id") is not None:
-        raise ApiError(400, "previous_response_id is not supported: this worker keeps no responses (store=false)")
+    previous, store = body.get("previous_response_id"), body.get("store", True)
+    if not isinstance(store, bool):
+        raise ApiError(400, "store must be true or false")
+    history: list[dict[str, Any]] = []
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise ApiError(400, "previous_response_id must be a string")
+        found = state.responses.get(previous)
+        if found is None:
+            raise ApiError(
+                404, f"Previous response with id '{previous}' not found.", code="previous_response_not_found"
+            )
+        history = found
     if "input" not in body:
         raise ApiError(400, "input is required")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "instructions must be a string")
     system = [{"role": "system", "content": instructions}] if instructions else []
-    messages = system + input_messages(body["input"])
+    conversation = history + input_messages(body["input"])
+    messages = system + conversation
     if not messages:
         raise ApiError(400, "input must not be empty")
     limit = gen.parse_max_tokens(
@@ -99,8 +121,20 @@ async def _parse(request: web.Request) -> tuple[SimState, _Call]:
         max_output_tokens=limit,
         stream=body.get("stream") is True,
         prepared=await gen.prepare(state, [item], rid=call_id),
+        conversation=conversation,
+        store=store,
+        previous_response_id=previous,
     )
     return state, call
+
+
+def _store(state: SimState, call: _Call, text: str) -> None:
+    """Keep the finished response's conversation for a later ``previous_response_id``."""
+    if not call.store:
+        return
+    state.responses[call.id] = [*call.conversation, {"role": "assistant", "content": text}]
+    while len(state.responses) > STORE_LIMIT:
+        del state.responses[next(iter(state.responses))]
 
 
 def _usage(out: StepOutput) -> dict[str, Any]:
@@ -141,8 +175,8 @@ def _response(call: _Call, output: list[dict[str, Any]], out: StepOutput | None)
         "model": call.model,
         "output": output,
         "parallel_tool_calls": False,
-        "previous_response_id": None,
-        "store": False,
+        "previous_response_id": call.previous_response_id,
+        "store": call.store,
         "temperature": 1.0,
         "text": {"format": {"type": "text"}},
         "tool_choice": "auto",
@@ -160,6 +194,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     if call.stream:
         return await respond_named_sse(request, _events(state, call), on_error=_error_event)
     ((text, out),) = await gen.collect(state, call.prepared)
+    _store(state, call, text)
     return json_response(_response(call, [_item(call, text, "completed")], out))
 
 
@@ -193,6 +228,7 @@ async def _events(state: SimState, call: _Call) -> AsyncGenerator[tuple[str, dic
                 item = _item(call, text, "completed")
                 yield event("response.output_item.done", output_index=0, item=item)
                 final = _response(call, [item], out)
+                _store(state, call, text)
                 yield event(
                     "response.completed" if final["status"] == "completed" else "response.incomplete", response=final
                 )

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -44,6 +45,9 @@ class SimState:
     """host:port of this worker, sent as `x-smg-sim-worker`; known once the socket is bound."""
     bootstrap_port: int | None = None
     """Port the bootstrap server is bound to (prefill role), known once bound."""
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Stored Responses (``store``, the default): response id -> its conversation as chat messages, the output
+    included, so a ``previous_response_id`` continues it on this worker (``responses_api``; oldest dropped)."""
     started_at: float = field(default_factory=time.monotonic)
     created: int = field(default_factory=lambda: int(time.time()))
 

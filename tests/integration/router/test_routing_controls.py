@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from support.procs import MODEL, Router, Sim, metric_value, start_router, start_sim
 
@@ -196,3 +197,47 @@ def test_an_alias_is_a_startup_error_when_it_names_the_served_model() -> None:
     )
     assert done.returncode == 2
     assert f"model alias {MODEL} is the name of the served model" in done.stderr
+
+
+async def test_previous_response_id_goes_to_the_worker_that_stored_the_response(logs: Path, fleet4: list[Sim]) -> None:
+    """A chain of stateful Responses calls through the openai client: every call continues the previous one, which
+    only the worker that produced it holds (smg-sim answers 404 elsewhere, as vLLM does), streamed or not.  A
+    replica that never relayed the id routes it by rendezvous of the id, the same worker on every such replica."""
+    urls = [s.url for s in fleet4]
+    a, b, c = (start_router(logs, workers=urls) for _ in range(3))
+    try:
+        for r in (a, b, c):
+            r.wait_routable(4)
+        async with openai.AsyncOpenAI(base_url=a.url + "/v1", api_key="none", max_retries=0) as client:
+            first = await client.responses.with_raw_response.create(
+                model=MODEL, input=f"start {uuid.uuid4()}", max_output_tokens=2
+            )
+            worker = first.headers["x-smg-worker-id"]
+            previous = first.parse().id
+            for i in range(10):
+                if i % 2:
+                    stream = await client.responses.create(
+                        model=MODEL, input=f"turn {i}", previous_response_id=previous, stream=True, max_output_tokens=2
+                    )
+                    async for event in stream:
+                        if event.type == "response.completed":
+                            assert event.response.previous_response_id == previous
+                            previous = event.response.id
+                else:
+                    raw = await client.responses.with_raw_response.create(
+                        model=MODEL, input=f"turn {i}", previous_response_id=previous, max_output_tokens=2
+                    )
+                    assert raw.headers["x-smg-worker-id"] == worker
+                    answer = raw.parse()
+                    assert answer.previous_response_id == previous
+                    previous = answer.id
+        assert metric_value(a.metrics(), "smg_routing_decisions_total", model=MODEL, branch="stored") == 10
+        body = {"model": MODEL, "input": "elsewhere", "previous_response_id": previous}
+        status_b, _, got_b = post(b, "/v1/responses", body)
+        status_c, _, got_c = post(c, "/v1/responses", body)
+        assert got_b["x-smg-worker-id"] == got_c["x-smg-worker-id"]  # rendezvous of the id: the same worker
+        assert status_b == status_c == (200 if got_b["x-smg-worker-id"] == worker else 404)
+        assert metric_value(b.metrics(), "smg_routing_decisions_total", model=MODEL, branch="session") == 1
+    finally:
+        for r in (a, b, c):
+            r.stop()

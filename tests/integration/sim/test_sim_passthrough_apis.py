@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from smg_sim import SimConfig, SimServer, start_sim
 
@@ -82,9 +83,27 @@ async def test_responses_count_cached_input_and_stream_their_events(sim: SimServ
     assert "response.output_text.delta" in names and "response.output_text.done" in names
 
 
-async def test_responses_refuse_what_a_stateless_worker_cannot_do(sim: SimServer, http) -> None:
+async def test_responses_are_stored_and_continued_by_previous_response_id(sim: SimServer, http) -> None:
+    """The second call's prompt is the first's conversation (its input and output) then its own input: the
+    engine serves the first's prompt from cache.  An unknown id is a 404, as on vLLM; store=false keeps none."""
+    _, first = await post(http, sim.url + "/v1/responses", {"input": "Q" * 300, "max_output_tokens": 2})
+    assert first["store"] is True and first["previous_response_id"] is None
+    status, second = await post(
+        http, sim.url + "/v1/responses", {"input": "and then?", "previous_response_id": first["id"]}
+    )
+    assert status == 200 and second["previous_response_id"] == first["id"]
+    assert second["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+    assert second["usage"]["input_tokens_details"]["cached_tokens"] >= 300
     status, answer = await post(http, sim.url + "/v1/responses", {"input": "x", "previous_response_id": "resp_1"})
-    assert status == 400 and "previous_response_id" in answer["error"]["message"]
+    assert status == 404 and answer["error"]["code"] == "previous_response_not_found"
+    assert "resp_1" in answer["error"]["message"]
+    _, unstored = await post(http, sim.url + "/v1/responses", {"input": "y", "store": False})
+    status, _ = await post(http, sim.url + "/v1/responses", {"input": "z", "previous_response_id": unstored["id"]})
+    assert status == 404
+    streamed = await events(http, sim.url + "/v1/responses", {"input": "s", "stream": True})
+    created = orjson.loads(streamed[0][1])["response"]["id"]
+    status, _ = await post(http, sim.url + "/v1/responses", {"input": "t", "previous_response_id": created})
+    assert status == 200  # a streamed response is stored too
 
 
 async def test_embeddings_are_deterministic_and_base64_is_the_same_vector(sim: SimServer, http) -> None:
