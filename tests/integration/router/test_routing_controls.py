@@ -163,7 +163,7 @@ def test_routing_tokens_replace_the_text_for_cache_aware_routing(router4: Router
     assert status == 400 and "x-smg-routing-tokens" in body["error"]["message"], body
 
 
-def test_a_model_alias_routes_to_the_served_model_and_the_worker_sees_the_served_name(
+async def test_a_model_alias_routes_to_the_served_model_and_the_worker_sees_the_served_name(
     logs: Path, fleet4: list[Sim]
 ) -> None:
     """smg-sim answers 404 for any model but its own: a 200 shows the body forwarded names the served model."""
@@ -183,6 +183,12 @@ def test_a_model_alias_routes_to_the_served_model_and_the_worker_sees_the_served
         status, body, _ = post(router, "/v1/completions", {"model": "nobody", "prompt": "hello"})
         assert status == 404 and "nobody" in body["error"]["message"]
         assert metric_value(router.metrics(), "smg_requests_total", endpoint="/v1/completions", model=MODEL) == 2
+        async with openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as e:  # streamed through unchanged: no form field rewrite
+                await client.audio.transcriptions.create(model="public", file=("a.wav", b"x" * 1000, "audio/wav"))
+            assert e.value.code == "alias_not_supported" and MODEL in e.value.message
+            served = await client.audio.transcriptions.create(model=MODEL, file=("a.wav", b"x" * 1000, "audio/wav"))
+            assert served.text
     finally:
         router.stop()
 
