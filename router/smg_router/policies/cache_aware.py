@@ -33,9 +33,10 @@ routable workers:
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
 ``pinned`` then inserts its text for that worker, so the tree still says what each engine caches.
 
-Warm-up: a worker that joined the fleet after the workers this instance first saw, less than warmup_seconds
-ago, and holds less of the tree than the mean share, takes the hits whose rendezvous choice it is when it is
-no busier than the holders: it takes up the groups every replica would place on it, each moving once.
+Warm-up: a worker that joined a serving fleet (after the workers this instance first saw, while its model's
+tree held something: not the fleet registered one by one at start), less than warmup_seconds ago, and holds
+less of the tree than the mean share, takes the hits whose rendezvous choice it is when it is no busier than
+the holders: it takes up the groups every replica would place on it, each moving once.
 ``smg_routing_matched_chars_total`` counts the deepest match (``of="fleet"``) and the chosen worker's part of
 it (``of="chosen"``).
 
@@ -75,7 +76,9 @@ class CacheAwarePolicy(Policy):
         """Trees of models that left, their tenants detached, until upkeep has reclaimed their nodes
         (dropping a big tree at once would free it all in one go, or leave cycles for a full collection)."""
         self._joined: dict[str, tuple[int, float]] = {}
-        """worker url -> (sync round, monotonic time) it appeared in; a worker that left and came back is new."""
+        """worker url -> (sync round, monotonic time) it appeared in; a worker that left and came back is new.
+        Round 0 for a worker that appeared while its model's tree held nothing: it joined no serving fleet (the
+        router and the operator register a fleet one worker per round before any traffic), so it never warms up."""
         self._syncs = 0
         self._warm_until = 0.0
         """Monotonic time the last newcomer's warm-up ends (a cheap test on the request path)."""
@@ -86,8 +89,13 @@ class CacheAwarePolicy(Policy):
         wanted: dict[str, set[str]] = {}
         self._syncs += 1
         now = time.monotonic()
-        urls = {w.url for w in workers}
-        self._joined = {u: self._joined.get(u) or (self._syncs, now) for u in urls}
+        joined = {}
+        for w in workers:
+            if (seen := self._joined.get(w.url)) is None:
+                tree = self._trees.get(w.model_id or "")
+                seen = (self._syncs if tree is not None and tree.tenant_sizes() else 0, now)
+            joined[w.url] = seen
+        self._joined = joined
         if self._joined:
             first = min(r for r, _ in self._joined.values())
             ends = [at for r, at in self._joined.values() if r > first]

@@ -532,3 +532,21 @@ def test_decisions_name_the_namespace_and_count_the_match_offered_against_the_ma
     p.select(workers, RouteRequest("m", text + "again"), NOW)
     assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="fleet") == 2 * len(text)
     assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="chosen") == len(text)
+
+
+def test_no_warm_up_for_workers_registered_one_by_one_before_any_traffic(env: Env) -> None:
+    """The router registers its start-up workers (and the operator its pool) one lifecycle round each: a worker
+    that joined before the tree held anything joined no serving fleet, so it does not warm up."""
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = env.factory.create("cache_aware", role="regular")
+    for n in range(1, len(workers) + 1):  # one sync per registration, as fleet.register does
+        p.sync(workers[:n])
+    for w in workers:
+        env.loads.record(w.id, 0, at=NOW)
+    prompts = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
+    placed = {t: p.select(workers, RouteRequest("m", t), NOW) for t in prompts}  # plain prompts: no head
+    # the same prompts with another ending: hits, whose rendezvous choice (of the whole short text) differs
+    again = {t: p.select(workers, RouteRequest("m", t + " and another question"), NOW) for t in prompts}
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == 0
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit") == 40
+    assert again == placed
