@@ -3,7 +3,7 @@
 Graceful shutdown, as Kubernetes needs it (the pod leaves the Service endpoints at about the time SIGTERM
 arrives, and not at once everywhere):
 1. ``/readiness`` answers 503 at once; requests are still served for ``--shutdown-delay`` seconds, every answer
-   with ``Connection: close`` (app.py), so that clients retire their pooled connections to this router.
+   with ``Connection: close`` (``core.Request``), so that clients retire their pooled connections to this router.
 2. The listening socket closes; in-flight requests and streams get ``--shutdown-timeout`` seconds to finish.
 3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
    background tasks cancelled) and the process exits 0.
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from smg_router.app import build_app
-from smg_router.core import ROUTER, RouterCore
+from smg_router.app import running
+from smg_router.core import RouterCore
 from smg_router.settings import Settings, parse_settings
 
 log = logging.getLogger("smg_router")
@@ -30,35 +30,27 @@ STREAM_END_GRACE = 2.0
 
 
 async def serve(settings: Settings) -> None:
-    app = build_app(settings)
-    # handler_cancellation: a client that goes away cancels its handler, which aborts the upstream request.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, handle_signals=False, shutdown_timeout=STREAM_END_GRACE
-    )
-    await runner.setup()
     s = settings.server
-    sites = [web.TCPSite(runner, s.host, s.port, reuse_address=True, backlog=1024)]
-    if s.admin_port:  # the lifecycle mutations answer only here (app.admin_port_split)
-        sites.append(web.TCPSite(runner, s.host, s.admin_port, reuse_address=True))
-    for site in sites:
-        await site.start()
-    log.info(
-        "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
-        s.host,
-        s.port,
-        f", worker lifecycle changes on port {s.admin_port}" if s.admin_port else "",
-        settings.policy.name,
-        len(settings.worker_urls),
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    async with running(settings, shutdown_timeout=STREAM_END_GRACE) as (core, runner):
+        sites = [web.TCPSite(runner, s.host, s.port, reuse_address=True, backlog=1024)]
+        if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
+            sites.append(web.TCPSite(runner, s.host, s.admin_port, reuse_address=True))
+        for site in sites:
+            await site.start()
+        log.info(
+            "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
+            s.host,
+            s.port,
+            f", worker lifecycle changes on port {s.admin_port}" if s.admin_port else "",
+            settings.policy.name,
+            len(settings.worker_urls),
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await _drain(app[ROUTER], sites, settings)
-    finally:
-        await runner.cleanup()
+        await _drain(core, sites, settings)
 
 
 async def _drain(core: RouterCore, sites: list[web.TCPSite], settings: Settings) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from smg_router.core import ROUTER, RouterCore
+from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
 from smg_router.http_io import json_response as _json
@@ -28,11 +28,11 @@ _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 PATCHABLE = frozenset({"labels", "priority", "draining"})
 
 
-def _core(request: web.Request) -> RouterCore:
-    return request.app[ROUTER]
+def _core(request: Request) -> RouterCore:
+    return request.core
 
 
-def _authorize(request: web.Request) -> RouterCore:
+def _authorize(request: Request) -> RouterCore:
     core = _core(request)
     check_bearer(request, core.settings.server.admin_api_key, what="the admin API key")
     return core
@@ -49,7 +49,7 @@ def _find(core: RouterCore, worker_id: str) -> Worker:
     return worker
 
 
-async def _spec_body(request: web.Request) -> dict[str, Any]:
+async def _spec_body(request: Request) -> dict[str, Any]:
     return parse_json_object(await read_body(request, ADMIN_BODY_LIMIT))
 
 
@@ -65,24 +65,24 @@ async def _register(core: RouterCore, spec: WorkerSpec) -> web.Response:
     return _json(_worker_json(core, worker), 201 if created else 200)
 
 
-async def create_worker(request: web.Request) -> web.Response:
+async def create_worker(request: Request) -> web.Response:
     core = _authorize(request)
     return await _register(core, _spec(await _spec_body(request)))
 
 
-async def list_workers(request: web.Request) -> web.Response:
+async def list_workers(request: Request) -> web.Response:
     core = _core(request)
     return _json({"workers": [_worker_json(core, w) for w in core.registry]})
 
 
-async def get_worker(request: web.Request) -> web.Response:
+async def get_worker(request: Request) -> web.Response:
     core = _core(request)
-    return _json(_worker_json(core, _find(core, request.match_info["worker_id"])))
+    return _json(_worker_json(core, _find(core, request.params["worker_id"])))
 
 
-async def patch_worker(request: web.Request) -> web.Response:
+async def patch_worker(request: Request) -> web.Response:
     core = _authorize(request)
-    worker = _find(core, request.match_info["worker_id"])
+    worker = _find(core, request.params["worker_id"])
     data = await _spec_body(request)
     bad = sorted(set(data) - PATCHABLE)
     if bad:
@@ -100,9 +100,9 @@ async def patch_worker(request: web.Request) -> web.Response:
     return _json(_worker_json(core, worker))
 
 
-async def put_worker(request: web.Request) -> web.Response:
+async def put_worker(request: Request) -> web.Response:
     core = _authorize(request)
-    worker = _find(core, request.match_info["worker_id"])
+    worker = _find(core, request.params["worker_id"])
     data = await _spec_body(request)
     if isinstance(data, dict):
         data.setdefault("url", worker.url)
@@ -113,15 +113,15 @@ async def put_worker(request: web.Request) -> web.Response:
     return _json(_worker_json(core, worker))
 
 
-async def delete_worker(request: web.Request) -> web.Response:
+async def delete_worker(request: Request) -> web.Response:
     core = _authorize(request)
-    worker = _find(core, request.match_info["worker_id"])
+    worker = _find(core, request.params["worker_id"])
     timeout = _drain_timeout(request, core)
     drained = await core.fleet.remove(worker, drain_timeout=timeout)
     return _json({"removed": _worker_json(core, worker), "drained": drained})
 
 
-def _drain_timeout(request: web.Request, core: RouterCore) -> float:
+def _drain_timeout(request: Request, core: RouterCore) -> float:
     raw = request.query.get("timeout")
     if raw is None:
         return core.settings.server.drain_timeout
@@ -136,19 +136,19 @@ def _drain_timeout(request: web.Request, core: RouterCore) -> float:
 
 
 # -- SGLang router compatibility ----------------------------------------------------------------
-def _query_url(request: web.Request) -> str:
+def _query_url(request: Request) -> str:
     try:
         return normalize_url(request.query.get("url"))
     except SpecError as e:
         raise BadRequest(str(e), code="invalid_field") from None
 
 
-async def add_worker_compat(request: web.Request) -> web.Response:
+async def add_worker_compat(request: Request) -> web.Response:
     core = _authorize(request)
     return await _register(core, _spec({"url": _query_url(request)}))
 
 
-async def remove_worker_compat(request: web.Request) -> web.Response:
+async def remove_worker_compat(request: Request) -> web.Response:
     core = _authorize(request)
     url = _query_url(request)
     worker = core.registry.by_url(url)
@@ -158,7 +158,7 @@ async def remove_worker_compat(request: web.Request) -> web.Response:
     return _json({"removed": _worker_json(core, worker), "drained": drained})
 
 
-async def list_workers_compat(request: web.Request) -> web.Response:
+async def list_workers_compat(request: Request) -> web.Response:
     return _json({"urls": [w.url for w in _core(request).registry]})
 
 
@@ -168,13 +168,15 @@ READS = frozenset({list_workers, get_worker, list_workers_compat})
 """The lifecycle reads: served on both ports."""
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/workers", create_worker)
-    app.router.add_get("/workers", list_workers)
-    app.router.add_get("/workers/{worker_id}", get_worker)
-    app.router.add_patch("/workers/{worker_id}", patch_worker)
-    app.router.add_put("/workers/{worker_id}", put_worker)
-    app.router.add_delete("/workers/{worker_id}", delete_worker)
-    app.router.add_post("/add_worker", add_worker_compat)
-    app.router.add_post("/remove_worker", remove_worker_compat)
-    app.router.add_get("/list_workers", list_workers_compat)
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("POST", "/workers", create_worker),
+    ("GET", "/workers", list_workers),
+    ("GET", "/workers/{worker_id}", get_worker),
+    ("PATCH", "/workers/{worker_id}", patch_worker),
+    ("PUT", "/workers/{worker_id}", put_worker),
+    ("DELETE", "/workers/{worker_id}", delete_worker),
+    ("POST", "/add_worker", add_worker_compat),
+    ("POST", "/remove_worker", remove_worker_compat),
+    ("GET", "/list_workers", list_workers_compat),
+]
+"""(method, path, handler) of the lifecycle API, for ``app.Dispatcher``."""

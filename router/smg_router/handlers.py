@@ -8,12 +8,11 @@ Also the probes (``/health``, ``/liveness``, ``/readiness``), ``/v1/models`` and
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from smg_router.core import ROUTER, RouterCore
+from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest
 from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
@@ -21,14 +20,12 @@ from smg_router.openapi import DOCUMENT_PATH, openapi_json
 from smg_router.request import ENDPOINT_TABLE, Endpoint, parse_endpoint, upload_request
 from smg_router.upload import HEAD_LIMIT, StreamedUpload, boundary_of
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def _forwarded(endpoint: Endpoint) -> Handler:
     """The handler of one row of ``ENDPOINT_TABLE``: admission, parse, the proxy; the same for every row."""
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        core = request.app[ROUTER]
+    async def handler(request: Request) -> web.StreamResponse:
+        core = request.core
         check_bearer(request, core.settings.server.api_key, what="the API key", key_header=endpoint.key_header)
         if endpoint.multipart:
             return await _streamed(request, core, endpoint)
@@ -43,7 +40,7 @@ def _forwarded(endpoint: Endpoint) -> Handler:
     return handler
 
 
-async def _streamed(request: web.Request, core: RouterCore, endpoint: Endpoint) -> web.StreamResponse:
+async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> web.StreamResponse:
     """A multipart upload: its head read for the model, the rest streamed to the worker (``upload``)."""
     boundary = boundary_of(request.headers.get("content-type", ""))
     held = core.admission.enter_streaming(request, HEAD_LIMIT)
@@ -65,10 +62,11 @@ async def _streamed(request: web.Request, core: RouterCore, endpoint: Endpoint) 
         core.admission.leave(held)
 
 
-async def models(request: web.Request) -> web.Response:
+async def models(request: Request) -> web.Response:
     """Every model a registered worker serves, in OpenAI's list shape, with the fleet behind it under ``smg``:
-    ``workers`` and ``routable`` counts, and ``roles`` (role → number of workers)."""
-    core: RouterCore = request.app[ROUTER]
+    ``workers`` and ``routable`` counts, and ``roles`` (role → number of workers); then every alias of one of
+    them (``--model-alias``), its ``smg`` naming the model it routes to (``alias_of``)."""
+    core = request.core
     check_bearer(request, core.settings.server.api_key, what="the API key")
     fleet: dict[str, dict[str, Any]] = {}
     for w in core.registry:
@@ -79,34 +77,40 @@ async def models(request: web.Request) -> web.Response:
         entry["workers"] += 1
         entry["routable"] += w.routable
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "smg", "smg": fleet[m]} for m in sorted(fleet)]
+    data += [  # --model-alias: the public name, with the fleet of the model it routes to
+        {"id": a, "object": "model", "created": 0, "owned_by": "smg", "smg": {**fleet[s], "alias_of": s}}
+        for a, s in sorted(core.proxy.aliases.items())
+        if s in fleet and a not in fleet
+    ]
     return json_response({"object": "list", "data": data})
 
 
-async def liveness(request: web.Request) -> web.Response:
+async def liveness(request: Request) -> web.Response:
     return json_response({"status": "alive"})
 
 
-async def readiness(request: web.Request) -> web.Response:
-    core: RouterCore = request.app[ROUTER]
+async def readiness(request: Request) -> web.Response:
+    core = request.core
     ready, detail = core.readiness()
     return json_response({"status": "ready" if ready else "not_ready", **detail}, 200 if ready else 503)
 
 
-async def health(request: web.Request) -> web.Response:
+async def health(request: Request) -> web.Response:
     return await readiness(request)
 
 
-async def metrics(request: web.Request) -> web.Response:
-    core: RouterCore = request.app[ROUTER]
+async def metrics(request: Request) -> web.Response:
+    core = request.core
     return web.Response(body=core.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def add_routes(app: web.Application) -> None:
-    for endpoint in ENDPOINT_TABLE.values():
-        app.router.add_post(endpoint.path, _forwarded(endpoint))
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/liveness", liveness)
-    app.router.add_get("/readiness", readiness)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get(DOCUMENT_PATH, openapi_json)
+ROUTES: list[tuple[str, str, Handler]] = [
+    *(("POST", endpoint.path, _forwarded(endpoint)) for endpoint in ENDPOINT_TABLE.values()),
+    ("GET", "/v1/models", models),
+    ("GET", "/health", health),
+    ("GET", "/liveness", liveness),
+    ("GET", "/readiness", readiness),
+    ("GET", "/metrics", metrics),
+    ("GET", DOCUMENT_PATH, openapi_json),
+]
+"""(method, path, handler) of the data plane and the probes, for ``app.Dispatcher``."""

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
-from smg_router.app import build_app
+from smg_router.app import running
 from smg_router.settings import parse_settings
 from support.procs import free_port
 
@@ -17,12 +17,9 @@ def _smg_tasks() -> set[str]:
 
 async def test_background_tasks_stop_with_the_app() -> None:
     port = free_port()
-    app = build_app(parse_settings(["--port", str(port), "--worker-urls", "http://127.0.0.1:9"]))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction", "smg-loop-lag"}
-    await runner.cleanup()
+    async with running(parse_settings(["--port", str(port), "--worker-urls", "http://127.0.0.1:9"])) as (_, runner):
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction", "smg-loop-lag"}
     await asyncio.sleep(0)
     assert _smg_tasks() == set()
 
