@@ -227,6 +227,8 @@ async def _form(request: web.Request) -> tuple[dict[str, str], bytes | None]:
     while (part := await reader.next()) is not None:
         if not isinstance(part, BodyPartReader):  # a nested multipart: not a form field
             raise ApiError(400, "nested multipart parts are not accepted")
+        if part.name in fields or (part.name == "file" and audio is not None):
+            raise ApiError(400, f"form field {part.name!r} given more than once")  # one value each, as a schema says
         if part.name == "file":
             audio = await part.read()
         elif part.name:

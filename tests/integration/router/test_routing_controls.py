@@ -189,6 +189,9 @@ async def test_a_model_alias_routes_to_the_served_model_and_the_worker_sees_the_
             assert e.value.code == "alias_not_supported" and MODEL in e.value.message
             served = await client.audio.transcriptions.create(model=MODEL, file=("a.wav", b"x" * 1000, "audio/wav"))
             assert served.text
+            listed = {m.id: m.model_extra["smg"] for m in (await client.models.list()).data}
+        assert set(listed) == {MODEL, "public", "gpt"}  # every alias beside the model, with its fleet
+        assert listed["public"] == {**listed[MODEL], "alias_of": MODEL} and listed["gpt"]["alias_of"] == MODEL
     finally:
         router.stop()
 

@@ -136,3 +136,16 @@ async def test_rerank_orders_by_shared_words_and_keeps_top_n(sim: SimServer, htt
 async def test_bad_bodies_are_openai_shaped_4xx(sim: SimServer, http, path: str, body: dict[str, Any]) -> None:
     status, answer = await post(http, sim.url + path, body)
     assert 400 <= status < 500 and isinstance(answer["error"]["message"], str), answer
+
+
+@pytest.mark.parametrize("twice", ["model", "file"])
+async def test_a_transcription_form_field_given_twice_is_a_400(sim: SimServer, http, twice: str) -> None:
+    """A repeated field is not one value of the schema's type: refused, whatever order the parts come in
+    (the router reads only the fields before the file, so after it the worker is the one that checks)."""
+    form = aiohttp.FormData()
+    form.add_field("file", b"RIFF....WAVE", filename="a.wav", content_type="audio/wav")
+    form.add_field("model", MODEL)
+    form.add_field(twice, MODEL if twice == "model" else b"more", **({} if twice == "model" else {"filename": "b.wav"}))
+    async with http.post(sim.url + "/v1/audio/transcriptions", data=form) as resp:
+        body = await resp.json()
+    assert resp.status == 400 and twice in body["error"]["message"], body
