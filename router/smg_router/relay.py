@@ -45,6 +45,8 @@ DROP_RESPONSE_HEADERS = frozenset(
 
 SSE_DONE = b"data: [DONE]\n\n"
 """The event that ends an OpenAI or SGLang stream."""
+LAST_EVENT = {"/v1/messages": b"event: message_stop\n", "/v1/responses": b"event: response.completed\n"}
+"""The event that ends the streams of the endpoints whose streams do not end with ``[DONE]``."""
 RESPONSES = "/v1/responses"
 """The endpoint whose response ids are remembered with their worker (``response_ids``)."""
 WORKER_ID_HEADER = "x-smg-worker-id"
@@ -113,6 +115,7 @@ class Relay:
         self._streams.add(task)
         done = False
         """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
+        last = LAST_EVENT.get(req.endpoint)
         scan: bytearray | None = bytearray() if self._records(req, upstream.status) else None
         """The stream's start, until its response id was found (Responses only)."""
         try:
@@ -126,13 +129,18 @@ class Relay:
                 except TimeoutError:
                     guard.failed()
                     await _end_with_error(
-                        out, "the worker did not finish in time", type="upstream_timeout", code="upstream_timeout"
+                        out,
+                        req.endpoint,
+                        "the worker did not finish in time",
+                        type="upstream_timeout",
+                        code="upstream_timeout",
                     )
                     return out
                 except OSError as e:
                     guard.failed()
                     await _end_with_error(
                         out,
+                        req.endpoint,
                         f"the worker broke off the stream: {e}",
                         type="upstream_error",
                         code="upstream_disconnected",
@@ -147,7 +155,7 @@ class Relay:
                 except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
                     req.client_gone = True
                     return out
-                done = chunk.endswith(SSE_DONE)
+                done = chunk.endswith(SSE_DONE) or (last is not None and last in chunk)
                 if scan is not None:
                     scan += chunk
                     if (rid := id_of_events(bytes(scan))) is not None:
@@ -165,6 +173,7 @@ class Relay:
             task.uncancel()
             await _end_with_error(
                 out,
+                req.endpoint,
                 "the router is shutting down; retry the request",
                 type="service_unavailable",
                 code="router_shutting_down",
@@ -185,12 +194,26 @@ class Relay:
         self.response_ids.remember(response_id, worker.id)
 
 
-async def _end_with_error(out: web.StreamResponse, message: str, *, type: str, code: str) -> None:
-    """The last events of a stream that cannot go on: an OpenAI-shaped error, then [DONE]."""
-    event = orjson.dumps({"error": {"message": message, "type": type, "code": code}})
+async def _end_with_error(out: web.StreamResponse, endpoint: str, message: str, *, type: str, code: str) -> None:
+    """The last events of a stream that cannot go on, in the stream's own shape (``error_event``)."""
     with contextlib.suppress(ConnectionError):  # the client may be gone too
-        await out.write(b"data: " + event + b"\n\ndata: [DONE]\n\n")
+        await out.write(error_event(endpoint, message, type=type, code=code))
         await out.write_eof()
+
+
+def error_event(endpoint: str, message: str, *, type: str, code: str) -> bytes:
+    """An error as the stream's clients read one: Anthropic's ``event: error`` for Messages (its SDK ignores a
+    nameless event, so an OpenAI-shaped one would end the message silently), OpenAI's ``event: error`` for
+    Responses, else an OpenAI-shaped error then ``[DONE]`` (chat, completions, SGLang ``/generate``)."""
+    if endpoint == "/v1/messages":
+        kind = "overloaded_error" if code == "router_shutting_down" else "api_error"
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+    if endpoint == "/v1/responses":
+        error: dict[str, object] = {"type": "error", "code": code, "message": message, "param": None}
+        return b"event: error\ndata: " + orjson.dumps(error) + b"\n\n"
+    event = orjson.dumps({"error": {"message": message, "type": type, "code": code}})
+    return b"data: " + event + b"\n\ndata: [DONE]\n\n"
 
 
 def response_headers(upstream: Mapping[str, str], worker: Worker) -> dict[str, str]:

@@ -103,3 +103,52 @@ async def test_a_json_answer_broken_off_by_the_worker_is_a_502_counted_by_the_br
             assert "Traceback" not in r.log()
         finally:
             r.stop()
+
+
+async def test_a_messages_stream_cut_by_the_worker_ends_with_anthropics_error_event(logs: Path) -> None:
+    """The anthropic client ignores a nameless event: an OpenAI-shaped error would end the message silently,
+    short of message_stop.  Anthropic's own ``event: error`` makes the client raise."""
+    import anthropic
+
+    sim = start_sim(logs, time_scale=1.0)
+    r = start_router(logs, workers=[sim.url])
+    try:
+        r.wait_routable(1)
+        async with anthropic.AsyncAnthropic(base_url=r.url, api_key="none", max_retries=0) as claude:
+            seen = 0
+            with pytest.raises(anthropic.APIStatusError) as e:
+                async with claude.messages.stream(
+                    model=MODEL, max_tokens=3000, messages=[{"role": "user", "content": f"{uuid.uuid4()} a story"}]
+                ) as stream:
+                    async for _ in stream:
+                        seen += 1
+                        if seen == 4:
+                            sim.kill()
+        assert "broke off the stream" in str(e.value), e.value
+        assert r.workers()[0]["load"]["inflight"] == 0
+    finally:
+        r.stop()
+        sim.stop()
+
+
+async def test_a_responses_stream_cut_by_the_worker_ends_with_an_error_event(logs: Path) -> None:
+    import openai
+
+    sim = start_sim(logs, time_scale=1.0)
+    r = start_router(logs, workers=[sim.url])
+    try:
+        r.wait_routable(1)
+        async with openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="none", max_retries=0) as client:
+            events = []
+            stream = await client.responses.create(
+                model=MODEL, input=f"{uuid.uuid4()} a long story", max_output_tokens=3000, stream=True
+            )
+            async for event in stream:
+                events.append(event)
+                if len(events) == 4:
+                    sim.kill()
+        assert events[-1].type == "error", [e.type for e in events[-3:]]
+        assert events[-1].code == "upstream_disconnected" and "broke off" in events[-1].message
+    finally:
+        r.stop()
+        sim.stop()
