@@ -374,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    head, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "router"))
     logs = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     pythonpath = router_code(args.router_commit, logs) if args.router_commit else None
     results: dict[tuple[str, Cell], Measured] = {}
@@ -423,8 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = {
             "command": shlex.join([Path(sys.executable).name, *sys.argv]),
             "started": started,
-            "commit": git("rev-parse", "HEAD"),
-            "dirty_router": bool(git("status", "--porcelain", "router")),
+            "commit": head,
+            "dirty_router": None if args.router_commit else dirty,
             "router_commit": git("rev-parse", args.router_commit) if args.router_commit else None,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "loadavg_before": load_before,
