@@ -280,10 +280,12 @@ def ratio(a: Measured | None, b: Measured | None, name: str = "cpu_us") -> float
 
 
 def added_p50_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> float | None:
-    """Median p50 over the direct connection's, same cell, in µs."""
+    """p50 over the direct connection's in the same cell, in µs: the median over repetitions of each one's
+    difference (a repetition measures both within seconds, so a slow minute on the machine mostly cancels)."""
     direct = results.get(("direct", m.cell))
-    sm, sd = m.stat("p50_ms"), direct.stat("p50_ms") if direct else None
-    return (sm[0] - sd[0]) * 1e3 if sm and sd else None
+    if direct is None or not m.runs or len(direct.runs) != len(m.runs):
+        return None
+    return statistics.median((r.p50_ms - d.p50_ms) * 1e3 for r, d in zip(m.runs, direct.runs, strict=True))
 
 
 def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targets: Sequence[str]) -> str:
@@ -445,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     **asdict(m.cell),
                     "check": m.check,
                     "median": {k: (s[0] if (s := m.stat(k)) else None) for k in ("cpu_us", "p50_ms", "p99_ms", "rps")},
+                    "added_p50_us": added_p50_us(m, results) if m.target != "direct" else None,
                     "runs": [asdict(r) for r in m.runs],
                 }
                 for m in results.values()
