@@ -5,6 +5,7 @@ Usage (from the repository root, with the project's venv):
         [--targets direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware]
         [--endpoints generate,chat] [--streams 0,1] [--concurrency 1,64]
         [--rust-bin /tmp/smg-rust/bin/smg] [--router-commit REV] [--out results.json] [--quick]
+    (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run)
 
 The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
@@ -159,7 +160,7 @@ def start_sims(logs: Path, count: int) -> list[Sim]:
 def router_argv(target: str, port: int, workers: Sequence[str], rust_bin: str) -> list[str]:
     """The target's command line: its defaults, plus only where to listen and which workers to use."""
     kind, _, policy = target.partition(":")
-    if kind == "smg":
+    if kind.startswith("smg"):
         return [
             *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
@@ -176,7 +177,7 @@ def ready(target: str, router: Router, workers: int) -> bool:
     """Every worker is routable (or the router exited: no use waiting)."""
     if not router.alive():
         return True
-    if target.startswith("smg:"):
+    if target.startswith("smg"):
         status, body = http_json("GET", router.url + "/workers", timeout=1)
         return status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == workers
     status, body = http_json("GET", router.url + "/readiness", timeout=1)
@@ -186,7 +187,7 @@ def ready(target: str, router: Router, workers: int) -> bool:
 def start_router(logs: Path, target: str, workers: Sequence[str], *, rust_bin: str, pythonpath: Path | None) -> Router:
     port = free_port("127.0.0.1")
     env = {}
-    if target.startswith("smg:") and pythonpath is not None:
+    if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
     name = f"{target.replace(':', '-')}-{port}"
     router = Router(
@@ -311,12 +312,12 @@ def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targ
     return "\n".join(rows)
 
 
-def c1_latency(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell]) -> str:
+def c1_latency(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targets: Sequence[str]) -> str:
     """The c=1 added p50 over direct, each target against the Rust one of its policy."""
     lines = []
     for cell in (c for c in cells if c.concurrency == 1):
         parts = []
-        for target in ("smg:round_robin", "smg:cache_aware"):
+        for target in (t for t in targets if t.startswith("smg")):
             m = results.get((target, cell))
             added = added_p50_us(m, results) if m else None
             if added is None:
@@ -339,7 +340,11 @@ def git(*args: str) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--targets", default=DEFAULT_TARGETS, help="comma-separated: direct, smg:<policy>, rust:<policy>")
+    p.add_argument(
+        "--targets",
+        default=DEFAULT_TARGETS,
+        help="comma-separated: direct, smg:<policy>, smg@REV:<policy> (smg-router as of git REV), rust:<policy>",
+    )
     p.add_argument("--endpoints", default="generate,chat")
     p.add_argument("--streams", default="0,1", help="0: whole answers, 1: SSE streams")
     p.add_argument("--concurrency", default="1,64", help="wrk connections per cell")
@@ -362,8 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"(smg|rust):\w+", t):
-            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg:<policy> or rust:<policy>")
+        if t != "direct" and not re.fullmatch(r"(smg(@[\w./~^-]+)?|rust):\w+", t):
+            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy> or rust:<policy>")
     skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
     if skipped:
         print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
@@ -388,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         routers: dict[str, Router | None] = {"direct": None} if "direct" in targets else {}
         for t in targets:
             if t != "direct":
-                router = start_router(logs, t, [s.url for s in sims], rust_bin=args.rust_bin, pythonpath=pythonpath)
+                rev = t.partition(":")[0].partition("@")[2]
+                code = router_code(rev, logs) if rev else pythonpath
+                router = start_router(logs, t, [s.url for s in sims], rust_bin=args.rust_bin, pythonpath=code)
                 routers[t] = router
                 procs.append(router)
         os.sched_setaffinity(0, {LOAD_CORE})
@@ -429,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "commit": head,
             "dirty_router": None if args.router_commit else dirty,
             "router_commit": git("rev-parse", args.router_commit) if args.router_commit else None,
+            "target_commits": {t: git("rev-parse", t.partition(":")[0][4:]) for t in targets if t.startswith("smg@")},
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "loadavg_before": load_before,
             "loadavg_after": load_after,
@@ -456,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(table(results, cells, targets))
-    print(c1_latency(results, cells))
+    print(c1_latency(results, cells, targets))
     print(f"\nload average before {' '.join(load_before)}, after {' '.join(load_after)}")
     if failures:
         print(f"FAILED: {failures} requests failed (wrk socket errors or non-2xx)", file=sys.stderr)
