@@ -248,7 +248,9 @@ async def transcriptions(request: web.Request) -> web.Response:
         raise ApiError(400, f"malformed multipart body: {exc}") from None
     if audio is None:
         raise ApiError(400, "file is required")
-    model = fields.get("model", state.config.model)
+    if "model" not in fields:  # required by OpenAI's API; the router cannot check a field after the file
+        raise ApiError(400, "model is required")
+    model = fields["model"]
     if model != state.config.model:
         raise ApiError(
             404,

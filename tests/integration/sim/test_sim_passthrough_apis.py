@@ -149,3 +149,11 @@ async def test_a_transcription_form_field_given_twice_is_a_400(sim: SimServer, h
     async with http.post(sim.url + "/v1/audio/transcriptions", data=form) as resp:
         body = await resp.json()
     assert resp.status == 400 and twice in body["error"]["message"], body
+
+
+async def test_a_transcription_without_a_model_is_a_400(sim: SimServer, http) -> None:
+    form = aiohttp.FormData()
+    form.add_field("file", b"RIFF....WAVE", filename="a.wav", content_type="audio/wav")
+    async with http.post(sim.url + "/v1/audio/transcriptions", data=form) as resp:
+        body = await resp.json()
+    assert resp.status == 400 and "model" in body["error"]["message"], body
