@@ -185,10 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_all([p for p in procs if isinstance(p, Router)], kill=True)
         stop_all([p for p in procs if not isinstance(p, Router)])
     shares, tops = aggregate(raw.read_text().splitlines())
-    if args.raw:
-        shutil.rmtree(logs, ignore_errors=True)  # else the samples stay there, named in the output
-    else:
-        print(f"py-spy samples: {raw}", file=sys.stderr)
+    shutil.rmtree(logs, ignore_errors=True)  # the processes' logs, and the samples unless --raw put them elsewhere
     rps = {k: s["requests"] / (s["duration_us"] / 1e6) for k, s in (("plain", plain), ("profiled", profiled))}
     if args.out:
         doc = {
