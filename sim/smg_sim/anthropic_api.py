@@ -23,7 +23,7 @@ from .engine import FinishReason, StepOutput
 from .errors import ApiError, json_response
 from .openai_api import chat_prompt
 from .sse import respond_named_sse
-from .state import STATE_KEY, SimState
+from .state import SimState
 from .tokens import encode
 
 
@@ -44,15 +44,8 @@ def _system_message(system: Any) -> list[dict[str, Any]]:
 
 
 async def _parse(request: web.Request) -> tuple[SimState, _Call]:
-    state = request.app[STATE_KEY]
-    await gen.apply_fault(state)
-    body = await gen.read_json(request)
+    state, body = await gen.admit(request)
     cfg = state.config
-    model = body.get("model", cfg.model)
-    if model != cfg.model:
-        raise ApiError(
-            404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)", code="model_not_found"
-        )
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list")

@@ -24,7 +24,7 @@ from .engine import EngineRequest, StepOutput
 from .errors import ApiError
 from .faults import Fault
 from .kv_transfer import REMOTE_KV
-from .state import SimState
+from .state import STATE_KEY, SimState
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,21 @@ async def apply_fault(state: SimState) -> None:
         raise ApiError(500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error")
     log.info("hanging generation request #%d (--hang-rate)", state.faults.requests_seen)
     await asyncio.Event().wait()  # until the client disconnects and aiohttp cancels the handler
+
+
+async def admit(request: web.Request) -> tuple[SimState, dict[str, Any]]:
+    """What every JSON endpoint does first: count the request and act on an injected fault, read the body as a
+    JSON object, and refuse a model this worker does not serve (404, as vLLM and SGLang do)."""
+    state = request.app[STATE_KEY]
+    await apply_fault(state)
+    body = await read_json(request)
+    served = state.config.model
+    model = body.get("model", served)
+    if model != served:
+        raise ApiError(
+            404, f"The model `{model}` does not exist (this worker serves `{served}`)", code="model_not_found"
+        )
+    return state, body
 
 
 def parse_max_tokens(value: Any, *, name: str, default: int, minimum: int = 0) -> int:

@@ -96,15 +96,8 @@ class _Call:
 
 
 async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
-    state = request.app[STATE_KEY]
-    await gen.apply_fault(state)
-    body = await gen.read_json(request)
+    state, body = await gen.admit(request)
     cfg = state.config
-    model = body.get("model", cfg.model)
-    if model != cfg.model:
-        raise ApiError(
-            404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)", code="model_not_found"
-        )
     if body.get("n") not in (None, 1):
         raise ApiError(400, "only n=1 is supported")
     if chat:

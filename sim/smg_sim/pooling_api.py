@@ -26,7 +26,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from . import generation as gen
 from .errors import ApiError, json_response
 from .openai_api import chat_prompt
-from .state import STATE_KEY, SimState
+from .state import STATE_KEY
 from .tokens import decode, encode, prompt_seed, pseudo_text
 
 DIMENSIONS = 64
@@ -53,20 +53,6 @@ def relevance(query: str, document: str) -> float:
     return round((cosine + 1.0) / 2.0, 6)
 
 
-async def _body(request: web.Request) -> tuple[SimState, dict[str, Any]]:
-    state = request.app[STATE_KEY]
-    await gen.apply_fault(state)
-    body = await gen.read_json(request)
-    model = body.get("model", state.config.model)
-    if model != state.config.model:
-        raise ApiError(
-            404,
-            f"The model `{model}` does not exist (this worker serves `{state.config.model}`)",
-            code="model_not_found",
-        )
-    return state, body
-
-
 def _inputs(value: Any) -> list[str]:
     """Embedding inputs: a string, strings, token ids or lists of token ids, as texts."""
     if isinstance(value, str):
@@ -83,7 +69,7 @@ def _inputs(value: Any) -> list[str]:
 
 async def embeddings(request: web.Request) -> web.Response:
     """POST /v1/embeddings (OpenAI shape; ``encoding_format`` float or base64, as the openai client asks)."""
-    state, body = await _body(request)
+    state, body = await gen.admit(request)
     texts = _inputs(body.get("input"))
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
@@ -111,7 +97,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def rerank(request: web.Request) -> web.Response:
     """POST /v1/rerank and /rerank (vLLM's Jina-compatible shape): results by relevance, best first."""
-    state, body = await _body(request)
+    state, body = await gen.admit(request)
     query, documents = body.get("query"), body.get("documents")
     if not isinstance(query, str):
         raise ApiError(400, "query must be a string")
@@ -146,7 +132,7 @@ def _texts(value: Any, name: str) -> list[str]:
 
 async def score(request: web.Request) -> web.Response:
     """POST /v1/score (vLLM shape): ``text_1`` against each of ``text_2`` (one to one when both are lists)."""
-    state, body = await _body(request)
+    state, body = await gen.admit(request)
     first, second = _texts(body.get("text_1"), "text_1"), _texts(body.get("text_2"), "text_2")
     if len(first) == 1:
         first = first * len(second)
@@ -174,7 +160,7 @@ LABELS = ("negative", "positive")
 
 async def classify(request: web.Request) -> web.Response:
     """POST /v1/classify (vLLM shape): a label per input, from the sign of its embedding's first component."""
-    state, body = await _body(request)
+    state, body = await gen.admit(request)
     texts = _texts(body.get("input"), "input")
     data = []
     for i, text in enumerate(texts):
@@ -196,7 +182,7 @@ async def classify(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     """POST /v1/tokenize (vLLM shape): ``prompt``, or ``messages`` through the chat template."""
-    state, body = await _body(request)
+    state, body = await gen.admit(request)
     if body.get("messages") is not None:
         text = chat_prompt(body["messages"])
         if body.get("add_generation_prompt") is False:
@@ -213,7 +199,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def detokenize(request: web.Request) -> web.Response:
     """POST /v1/detokenize (vLLM shape)."""
-    _, body = await _body(request)
+    _, body = await gen.admit(request)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t <= 0x10FFFF for t in tokens):
         raise ApiError(400, "tokens must be a list of token ids")

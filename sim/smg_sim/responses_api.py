@@ -26,7 +26,7 @@ from .engine import StepOutput
 from .errors import ApiError, json_response
 from .openai_api import chat_prompt
 from .sse import respond_named_sse
-from .state import STATE_KEY, SimState
+from .state import SimState
 from .tokens import encode
 
 STORE_LIMIT = 4096
@@ -74,15 +74,8 @@ def input_messages(given: Any) -> list[dict[str, Any]]:
 
 
 async def _parse(request: web.Request) -> tuple[SimState, _Call]:
-    state = request.app[STATE_KEY]
-    await gen.apply_fault(state)
-    body = await gen.read_json(request)
+    state, body = await gen.admit(request)
     cfg = state.config
-    model = body.get("model", cfg.model)
-    if model != cfg.model:
-        raise ApiError(
-            404, f"The model `{model}` does not exist (this worker serves `{cfg.model}`)", code="model_not_found"
-        )
     previous, store = body.get("previous_response_id"), body.get("store", True)
     if not isinstance(store, bool):
         raise ApiError(400, "store must be true or false")
