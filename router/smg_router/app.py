@@ -50,7 +50,6 @@ class Dispatcher:
     """The one request handler of the low-level server (see the module docstring)."""
 
     def __init__(self, core: RouterCore, table: Iterable[Route]) -> None:
-        self._core = core
         self._exact: dict[str, dict[str, Handler]] = {}
         self._templated: dict[str, tuple[str, dict[str, Handler]]] = {}
         """prefix (``/workers/``) -> (parameter name, method -> handler): a path below it names one item."""

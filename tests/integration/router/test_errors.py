@@ -124,3 +124,30 @@ def test_a_wrong_method_is_405_json_naming_the_allowed_methods(router: Router) -
         assert e.code == 405
         assert "GET" in e.headers["Allow"]
         assert json.loads(e.read())["error"]["type"] == "invalid_request_error"
+
+
+def test_expect_100_continue_gets_the_go_ahead_before_the_body(router: Router) -> None:
+    """curl sends ``Expect: 100-continue`` for bodies over 1 KiB and waits for the go-ahead (the router's own
+    server has no Application to send it)."""
+    import socket
+
+    host, port = router.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "x" * 2000, "max_tokens": 1}).encode()
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")  # before any body byte was sent
+        s.sendall(body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_head_answers_like_get_without_a_body(router: Router) -> None:
+    req = urllib.request.Request(router.url + "/liveness", method="HEAD")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200 and r.read() == b""
+        assert r.headers["Content-Type"].startswith("application/json")
