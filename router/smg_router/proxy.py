@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Mapping
 
@@ -157,7 +156,7 @@ class Proxy:
         for attempt in range(self._retry.max_retries + 1):
             if attempt:
                 self._metrics.retries.labels(req.endpoint).inc()
-                await asyncio.sleep(self._backoff(attempt))
+                await asyncio.sleep(self._retry.backoff(attempt))
             try:
                 guard = self._attempts.open(role, req, exclude=tried, by_load=req.by_load)
             except NoWorkerAvailable:
@@ -209,8 +208,3 @@ class Proxy:
                     f"request body exceeds the limit of {req.upload.limit} bytes", code="payload_too_large"
                 ) from None
             raise
-
-    def _backoff(self, attempt: int) -> float:
-        r = self._retry
-        delay: float = min(r.backoff_max, r.backoff_initial * 2 ** (attempt - 1))
-        return delay * (0.5 + random.random() / 2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,12 @@ class RetrySettings:
     """Consecutive failures that open a worker's circuit breaker."""
     breaker_cooldown: float = 10.0
     """Seconds an open breaker waits before letting one trial request through (half-open)."""
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (1, 2, ...): doubling from backoff_initial up to backoff_max,
+        jittered down to half so that retries of a burst do not arrive together (the regular and the PD path)."""
+        delay: float = min(self.backoff_max, self.backoff_initial * 2 ** (attempt - 1))
+        return delay * (0.5 + random.random() / 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -180,7 +179,7 @@ class VllmDispatcher:
         for attempt in range(self._retry.max_retries + 1):
             if guard is None:
                 self._metrics.retries.labels(req.endpoint).inc()
-                await asyncio.sleep(_backoff(self._retry, attempt))
+                await asyncio.sleep(self._retry.backoff(attempt))
                 try:
                     guard = self._attempts.open("prefill", req, exclude=tried)
                 except NoWorkerAvailable:
@@ -240,9 +239,3 @@ class VllmDispatcher:
             resp.abort()
         guard.answered(resp.status)
         return web.Response(status=resp.status, body=data, headers=response_headers(resp.headers, guard.worker))
-
-
-def _backoff(retry: RetrySettings, attempt: int) -> float:
-    """The regular path's backoff (``Proxy._backoff``): doubling from ``backoff_initial``, jittered."""
-    delay: float = min(retry.backoff_max, retry.backoff_initial * 2 ** (attempt - 1))
-    return delay * (0.5 + random.random() / 2)
