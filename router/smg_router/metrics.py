@@ -1,5 +1,14 @@
 """Every metric the router exports, under the names of DESIGN 2.8; nothing else imports prometheus_client.
 
+The series the request path touches are our own: plain float fields behind ``__slots__``, no lock (the router
+is single-threaded asyncio) and a histogram that finds its bucket with one ``bisect`` and accumulates the
+cumulative counts only at scrape time.  prometheus_client's children took a ``threading.Lock`` per value and
+looped over every bucket in Python: ~6% of the router's busy CPU under load (issue 12).  Each family is a
+collector that yields prometheus_client's ``*MetricFamily`` objects at scrape time, so ``generate_latest``
+still formats the exposition: the same names, help texts, types, label order and text (``_total``,
+``_bucket{le=...}``, ``_count``, ``_sum``; no ``*_created``).  tests/unit/router/test_metrics_layer.py compares
+it, byte for byte, with plain prometheus_client metrics fed the same operations.
+
 Each router app owns its own ``CollectorRegistry`` (several routers can live in one test process).
 Tree sizes are read at scrape time from a callback, so the request path never touches that gauge and a
 removed worker's series disappears with its tenant.
@@ -7,13 +16,13 @@ removed worker's series disappears with its tenant.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import INF, floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
@@ -21,7 +30,9 @@ TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
 TreeBytesSource = Callable[[], Iterable[tuple[str, str, int]]]
 """Yields (model, role, estimated bytes) for every (model, policy slot) holding trees."""
 
-disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client; the *_created series double the exposition and no dashboard reads them
+# Our families never yield *_created; this keeps prometheus_client's own metrics in the process (the test's
+# reference) the same.  Untyped in prometheus_client.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.01)
@@ -29,7 +40,204 @@ _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
-class _TreeSizeCollector(Collector):
+class CounterSeries:
+    """One counter series: prometheus_client's ``Counter`` child without its lock and observability check."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+
+class GaugeSeries:
+    """One gauge series."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value += -amount  # as prometheus_client (inc of -amount)
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+
+class HistogramSeries:
+    """One histogram series: a count per bucket (not cumulative) and the sum.
+
+    ``le`` is inclusive, as prometheus_client's loop (``amount <= bound``): ``bisect_left`` gives the first
+    bound >= the value; the last bound is +Inf.  NaN falls in no bucket but joins the sum, as there."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        if value == value:  # not NaN
+            self.counts[bisect_left(self._bounds, value)] += 1
+
+
+S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
+
+
+class Family(Generic[S]):
+    """A metric's series by label values, and the collector that exposes them at scrape time.
+
+    ``labels`` is one dict lookup on the request path; label values are converted with ``str`` and counted
+    only when a series is created, as prometheus_client does on every call.  Series keep their creation order
+    (a removed one that comes back goes last), as prometheus_client's do.  No lock: the router updates and
+    scrapes its metrics on the event loop's thread only."""
+
+    __slots__ = ("_series", "documentation", "labelnames", "name")
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], *, registry: CollectorRegistry
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._series: dict[tuple[str, ...], S] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> S:
+        series = self._series.get(values)
+        if series is None:
+            series = self._create(values)
+        return series
+
+    def _create(self, values: tuple[str, ...]) -> S:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"Incorrect label count (expected {len(self.labelnames)}, got {values})")
+        key = tuple(str(v) for v in values)
+        series = self._series.get(key)  # values given as non-str (200) land on the series of their str()
+        if series is None:
+            series = self._series[key] = self._new()
+        return series
+
+    def remove(self, *values: str) -> None:
+        """Drop one series; none to drop is no error (as prometheus_client 0.26's ``remove``)."""
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"Incorrect label count (expected {len(self.labelnames)}, got {values})")
+        self._series.pop(tuple(str(v) for v in values), None)
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        """Drop every series whose label values include ``labels`` (as prometheus_client's)."""
+        if not labels:
+            return
+        invalid = [k for k in labels if k not in self.labelnames]
+        if invalid:
+            raise ValueError(f"Unknown label names: {invalid}; expected {self.labelnames}")
+        wanted = [(self.labelnames.index(k), str(v)) for k, v in labels.items()]
+        for key in [key for key in self._series if all(key[i] == want for i, want in wanted)]:
+            del self._series[key]
+
+    def describe(self) -> Iterable[Metric]:
+        """The family without samples: the registry reads its names from it (duplicate check)."""
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        raise NotImplementedError
+
+    def _new(self) -> S:
+        raise NotImplementedError
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+
+class CounterFamily(Family[CounterSeries]):
+    __slots__ = ()
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for key, series in self._series.items():
+            family.add_metric(key, series.value)
+        return [family]
+
+    def _new(self) -> CounterSeries:
+        return CounterSeries()
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+class GaugeFamily(Family[GaugeSeries]):
+    __slots__ = ()
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for key, series in self._series.items():
+            family.add_metric(key, series.value)
+        return [family]
+
+    def _new(self) -> GaugeSeries:
+        return GaugeSeries()
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+class HistogramFamily(Family[HistogramSeries]):
+    """Buckets as prometheus_client's ``Histogram`` takes them (sorted; +Inf added when missing)."""
+
+    __slots__ = ("_bounds", "_les")
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        bounds = [float(b) for b in buckets]
+        if bounds != sorted(bounds):
+            raise ValueError("Buckets not in sorted order")
+        if bounds and bounds[-1] != INF:
+            bounds.append(INF)
+        if len(bounds) < 2:
+            raise ValueError("Must have at least two buckets")
+        if bounds[0] < 0:  # HistogramMetricFamily would drop _count and _sum, prometheus_client's Histogram only _sum
+            raise ValueError("Negative buckets are not supported")
+        self._bounds = tuple(bounds)
+        self._les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
+        super().__init__(name, documentation, labelnames, registry=registry)
+
+    def collect(self) -> Iterable[Metric]:
+        """Cumulative counts, as prometheus_client sums them (a float accumulator, +Inf last = the count)."""
+        family = self._family()
+        for key, series in self._series.items():
+            acc = 0.0
+            buckets: list[tuple[str, float]] = []
+            for le, n in zip(self._les, series.counts, strict=True):
+                acc += n
+                buckets.append((le, acc))
+            family.add_metric(key, buckets, series.sum)
+        return [family]
+
+    def _new(self) -> HistogramSeries:
+        return HistogramSeries(self._bounds)
+
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+
+class _TreeSizeCollector:
     def __init__(self, source: TreeSizeSource) -> None:
         self._source = source
 
@@ -44,7 +252,7 @@ class _TreeSizeCollector(Collector):
         yield family
 
 
-class _TreeBytesCollector(Collector):
+class _TreeBytesCollector:
     def __init__(self, source: TreeBytesSource) -> None:
         self._source = source
 
@@ -59,183 +267,123 @@ class _TreeBytesCollector(Collector):
         yield family
 
 
-M = TypeVar("M", Counter, Gauge, Histogram)
-
-
-class Family(Generic[M]):
-    """A labelled metric whose children are resolved once per label values: ``labels`` is a dict lookup
-    on the request path, where prometheus_client's validates and converts the values and takes a lock on
-    every call (several per request, ~1-2 us each).  Same names, same exposition; ``remove`` drops both."""
-
-    __slots__ = ("_children", "metric")
-
-    def __init__(self, metric: M) -> None:
-        self.metric: M = metric
-        self._children: dict[tuple[str, ...], M] = {}
-
-    def labels(self, *values: str) -> M:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = self.metric.labels(*values)
-        return child
-
-    def remove(self, *values: str) -> None:
-        """KeyError when there is no such series (as prometheus_client's)."""
-        self._children.pop(values, None)
-        self.metric.remove(*values)
-
-    def remove_by_labels(self, labels: dict[str, str]) -> None:
-        names = self.metric._labelnames  # prometheus_client keeps no public accessor
-        wanted = [(names.index(k), v) for k, v in labels.items()]
-        for values in [v for v in self._children if all(v[i] == want for i, want in wanted)]:
-            del self._children[values]
-        self.metric.remove_by_labels(labels)
-
-
 class Metrics:
     """The router's metrics.  Label values are server-controlled and bounded (workers leave with their series)."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.cache_hits = Family(
-            Counter(
-                "smg_cache_tree_hits",
-                "Cache-aware decisions that matched a tree prefix above the threshold",
-                ("model", "role"),
-                registry=r,
-            )
+        self.cache_hits = CounterFamily(
+            "smg_cache_tree_hits",
+            "Cache-aware decisions that matched a tree prefix above the threshold",
+            ("model", "role"),
+            registry=r,
         )
-        self.cache_misses = Family(
-            Counter(
-                "smg_cache_tree_misses",
-                "Cache-aware decisions below the match threshold",
-                ("model", "role"),
-                registry=r,
-            )
+        self.cache_misses = CounterFamily(
+            "smg_cache_tree_misses",
+            "Cache-aware decisions below the match threshold",
+            ("model", "role"),
+            registry=r,
         )
-        self.decisions = Family(
-            Counter(
-                "smg_routing_decisions",
-                "Routing decisions by branch: session (a session key pinned it, any policy), stored (the "
-                "worker that stored the previous response), and cache-aware ones: hit (a holder of the deepest "
-                "match), miss (placed by rendezvous hashing), namespace (a miss in a cache namespace: "
-                "cache_salt, LoRA), spill (every holder over the load gate; placed by rendezvous among the "
-                "others), warmup (a hit sent to a warming worker that rendezvous places it on)",
-                ("model", "role", "branch"),
-                registry=r,
-            )
+        self.decisions = CounterFamily(
+            "smg_routing_decisions",
+            "Routing decisions by branch: session (a session key pinned it, any policy), stored (the "
+            "worker that stored the previous response), and cache-aware ones: hit (a holder of the deepest "
+            "match), miss (placed by rendezvous hashing), namespace (a miss in a cache namespace: "
+            "cache_salt, LoRA), spill (every holder over the load gate; placed by rendezvous among the "
+            "others), warmup (a hit sent to a warming worker that rendezvous places it on)",
+            ("model", "role", "branch"),
+            registry=r,
         )
-        self.matched_chars = Family(
-            Counter(
-                "smg_routing_matched_chars",
-                "Prefix chars cache-aware routing found in the tree: of=fleet the deepest match any worker holds, "
-                "of=chosen the part of it the chosen worker holds (hits; placed requests only when placement chose "
-                "a holder); their ratio is what load gating and warm-up cost in reuse",
-                ("model", "role", "of"),
-                registry=r,
-            )
+        self.matched_chars = CounterFamily(
+            "smg_routing_matched_chars",
+            "Prefix chars cache-aware routing found in the tree: of=fleet the deepest match any worker holds, "
+            "of=chosen the part of it the chosen worker holds (hits; placed requests only when placement chose "
+            "a holder); their ratio is what load gating and warm-up cost in reuse",
+            ("model", "role", "of"),
+            registry=r,
         )
-        self.fallbacks = Family(
-            Counter(
-                "smg_routing_fallbacks",
-                "Decisions that did not follow the policy's main rule",
-                ("model", "role", "policy", "reason"),
-                registry=r,
-            )
+        self.fallbacks = CounterFamily(
+            "smg_routing_fallbacks",
+            "Decisions that did not follow the policy's main rule",
+            ("model", "role", "policy", "reason"),
+            registry=r,
         )
-        self.match_ratio = Family(
-            Histogram(
-                "smg_prefix_match_ratio",
-                "Matched characters / routing text length",
-                ("model", "role"),
-                buckets=_RATIO_BUCKETS,
-                registry=r,
-            )
+        self.match_ratio = HistogramFamily(
+            "smg_prefix_match_ratio",
+            "Matched characters / routing text length",
+            ("model", "role"),
+            buckets=_RATIO_BUCKETS,
+            registry=r,
         )
-        self.evictions = Family(
-            Counter(
-                "smg_cache_tree_evictions", "Characters evicted from cache-aware trees", ("model", "role"), registry=r
-            )
+        self.evictions = CounterFamily(
+            "smg_cache_tree_evictions", "Characters evicted from cache-aware trees", ("model", "role"), registry=r
         )
-        self.decision_seconds = Family(
-            Histogram(
-                "smg_routing_decision_seconds",
-                "Time to choose a worker",
-                ("policy",),
-                buckets=_DECISION_BUCKETS,
-                registry=r,
-            )
+        self.decision_seconds = HistogramFamily(
+            "smg_routing_decision_seconds",
+            "Time to choose a worker",
+            ("policy",),
+            buckets=_DECISION_BUCKETS,
+            registry=r,
         )
-        self.requests = Family(
-            Counter("smg_requests", "Requests answered by the router", ("endpoint", "model", "status"), registry=r)
+        self.requests = CounterFamily(
+            "smg_requests", "Requests answered by the router", ("endpoint", "model", "status"), registry=r
         )
-        self.request_seconds = Family(
-            Histogram(
-                "smg_request_duration_seconds",
-                "Request duration, end to end",
-                ("endpoint", "model"),
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
+        self.request_seconds = HistogramFamily(
+            "smg_request_duration_seconds",
+            "Request duration, end to end",
+            ("endpoint", "model"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
-        self.ttft_seconds = Family(
-            Histogram(
-                "smg_time_to_first_token_seconds",
-                "Time to the first streamed byte",
-                ("endpoint", "model"),
-                buckets=_LATENCY_BUCKETS,
-                registry=r,
-            )
+        self.ttft_seconds = HistogramFamily(
+            "smg_time_to_first_token_seconds",
+            "Time to the first streamed byte",
+            ("endpoint", "model"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
-        self.worker_inflight = Family(
-            Gauge(
-                "smg_worker_inflight",
-                "Requests this router has in flight to the worker",
-                ("worker", "role"),
-                registry=r,
-            )
+        self.worker_inflight = GaugeFamily(
+            "smg_worker_inflight",
+            "Requests this router has in flight to the worker",
+            ("worker", "role"),
+            registry=r,
         )
-        self.worker_backend_load = Family(
-            Gauge(
-                "smg_worker_backend_load",
-                "Running + waiting requests the worker reported at the last poll",
-                ("worker", "role"),
-                registry=r,
-            )
+        self.worker_backend_load = GaugeFamily(
+            "smg_worker_backend_load",
+            "Running + waiting requests the worker reported at the last poll",
+            ("worker", "role"),
+            registry=r,
         )
-        self.worker_healthy = Family(
-            Gauge(
-                "smg_worker_healthy",
-                "1 when the worker passes its health checks (status ready)",
-                ("worker", "role"),
-                registry=r,
-            )
+        self.worker_healthy = GaugeFamily(
+            "smg_worker_healthy",
+            "1 when the worker passes its health checks (status ready)",
+            ("worker", "role"),
+            registry=r,
         )
-        self.lifecycle_events = Family(
-            Counter(
-                "smg_worker_lifecycle_events", "Worker registrations, updates, removals", ("event", "role"), registry=r
-            )
+        self.lifecycle_events = CounterFamily(
+            "smg_worker_lifecycle_events", "Worker registrations, updates, removals", ("event", "role"), registry=r
         )
-        self.pd_requests = Family(Counter("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r))
-        self.retries = Family(Counter("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r))
-        self.requests_rejected = Family(
-            Counter("smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r)
+        self.pd_requests = CounterFamily("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
+        self.retries = CounterFamily("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
+        self.requests_rejected = CounterFamily(
+            "smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r
         )
-        self.loop_lag = Histogram(
+        self.loop_lag_family = HistogramFamily(
             "smg_event_loop_lag_seconds",
             "How late the event loop ran a timer: time during which no request, stream or poll made progress",
+            (),
             buckets=_LAG_BUCKETS,
             registry=r,
         )
-        self.worker_poll_errors = Family(
-            Counter(
-                "smg_worker_poll_errors",
-                "Load polls of the worker that gave no load, by kind "
-                "(timeout, connect, http_status, bad_payload, error)",
-                ("worker", "kind"),
-                registry=r,
-            )
+        self.loop_lag = self.loop_lag_family.labels()  # unlabelled: its one series, at zero from the start as before
+        self.worker_poll_errors = CounterFamily(
+            "smg_worker_poll_errors",
+            "Load polls of the worker that gave no load, by kind (timeout, connect, http_status, bad_payload, error)",
+            ("worker", "kind"),
+            registry=r,
         )
+        self.families: tuple[Family[Any], ...] = tuple(v for v in vars(self).values() if isinstance(v, Family))
+        """Every family in registration (= exposition) order, for tests and tools."""
 
     def add_tree_size_source(self, source: TreeSizeSource) -> None:
         self.registry.register(_TreeSizeCollector(source))
@@ -246,8 +394,7 @@ class Metrics:
     def forget_worker(self, worker: str, role: str) -> None:
         """Drop a removed worker's per-worker series so label values stay bounded."""
         for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_healthy):
-            with contextlib.suppress(KeyError):
-                gauge.remove(worker, role)
+            gauge.remove(worker, role)
         self.worker_poll_errors.remove_by_labels({"worker": worker})
 
     def exposition(self) -> bytes:
