@@ -3,7 +3,7 @@
 Graceful shutdown, as Kubernetes needs it (the pod leaves the Service endpoints at about the time SIGTERM
 arrives, and not at once everywhere):
 1. ``/readiness`` answers 503 at once; requests are still served for ``--shutdown-delay`` seconds, every answer
-   with ``Connection: close`` (``core.Request``), so that clients retire their pooled connections to this router.
+   with ``Connection: close`` (``Server.closing``), so that clients retire their pooled connections to this router.
 2. The listening socket closes; in-flight requests and streams get ``--shutdown-timeout`` seconds to finish.
 3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
    background tasks cancelled) and the process exits 0.
@@ -18,8 +18,6 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from smg_router.app import running
 from smg_router.core import RouterCore
 from smg_router.settings import Settings, parse_settings
@@ -31,12 +29,10 @@ STREAM_END_GRACE = 2.0
 
 async def serve(settings: Settings) -> None:
     s = settings.server
-    async with running(settings, shutdown_timeout=STREAM_END_GRACE) as (core, runner):
-        sites = [web.TCPSite(runner, s.host, s.port, reuse_address=True, backlog=1024)]
+    async with running(settings, shutdown_timeout=STREAM_END_GRACE) as (core, server):
+        listeners = [await server.listen(s.host, s.port, backlog=1024)]
         if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
-            sites.append(web.TCPSite(runner, s.host, s.admin_port, reuse_address=True))
-        for site in sites:
-            await site.start()
+            listeners.append(await server.listen(s.host, s.admin_port))
         log.info(
             "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
             s.host,
@@ -50,10 +46,10 @@ async def serve(settings: Settings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await _drain(core, sites, settings)
+        await _drain(core, listeners, settings)
 
 
-async def _drain(core: RouterCore, sites: list[web.TCPSite], settings: Settings) -> None:
+async def _drain(core: RouterCore, listeners: list[asyncio.Server], settings: Settings) -> None:
     s = settings.server
     core.shutting_down = True
     admission = core.admission
@@ -64,8 +60,8 @@ async def _drain(core: RouterCore, sites: list[web.TCPSite], settings: Settings)
         len(admission),
     )
     await asyncio.sleep(s.shutdown_delay)
-    for site in sites:
-        await site.stop()  # no new connections; open ones keep being served
+    for listener in listeners:
+        listener.close()  # no new connections; open ones keep being served
     if not await admission.wait_idle(s.shutdown_timeout):
         ended = core.proxy.relay.end_streams()
         log.warning(

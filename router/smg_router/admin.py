@@ -14,8 +14,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
@@ -60,27 +59,27 @@ def _spec(data: object, base: WorkerSpec | None = None) -> WorkerSpec:
         raise BadRequest(str(e), code="invalid_field") from None
 
 
-async def _register(core: RouterCore, spec: WorkerSpec) -> web.Response:
+async def _register(core: RouterCore, spec: WorkerSpec) -> wire.Response:
     worker, created = await core.fleet.register(spec)
     return _json(_worker_json(core, worker), 201 if created else 200)
 
 
-async def create_worker(request: Request) -> web.Response:
+async def create_worker(request: Request) -> wire.Response:
     core = _authorize(request)
     return await _register(core, _spec(await _spec_body(request)))
 
 
-async def list_workers(request: Request) -> web.Response:
+async def list_workers(request: Request) -> wire.Response:
     core = _core(request)
     return _json({"workers": [_worker_json(core, w) for w in core.registry]})
 
 
-async def get_worker(request: Request) -> web.Response:
+async def get_worker(request: Request) -> wire.Response:
     core = _core(request)
     return _json(_worker_json(core, _find(core, request.params["worker_id"])))
 
 
-async def patch_worker(request: Request) -> web.Response:
+async def patch_worker(request: Request) -> wire.Response:
     core = _authorize(request)
     worker = _find(core, request.params["worker_id"])
     data = await _spec_body(request)
@@ -100,7 +99,7 @@ async def patch_worker(request: Request) -> web.Response:
     return _json(_worker_json(core, worker))
 
 
-async def put_worker(request: Request) -> web.Response:
+async def put_worker(request: Request) -> wire.Response:
     core = _authorize(request)
     worker = _find(core, request.params["worker_id"])
     data = await _spec_body(request)
@@ -113,7 +112,7 @@ async def put_worker(request: Request) -> web.Response:
     return _json(_worker_json(core, worker))
 
 
-async def delete_worker(request: Request) -> web.Response:
+async def delete_worker(request: Request) -> wire.Response:
     core = _authorize(request)
     worker = _find(core, request.params["worker_id"])
     timeout = _drain_timeout(request, core)
@@ -143,12 +142,12 @@ def _query_url(request: Request) -> str:
         raise BadRequest(str(e), code="invalid_field") from None
 
 
-async def add_worker_compat(request: Request) -> web.Response:
+async def add_worker_compat(request: Request) -> wire.Response:
     core = _authorize(request)
     return await _register(core, _spec({"url": _query_url(request)}))
 
 
-async def remove_worker_compat(request: Request) -> web.Response:
+async def remove_worker_compat(request: Request) -> wire.Response:
     core = _authorize(request)
     url = _query_url(request)
     worker = core.registry.by_url(url)
@@ -158,7 +157,7 @@ async def remove_worker_compat(request: Request) -> web.Response:
     return _json({"removed": _worker_json(core, worker), "drained": drained})
 
 
-async def list_workers_compat(request: Request) -> web.Response:
+async def list_workers_compat(request: Request) -> wire.Response:
     return _json({"urls": [w.url for w in _core(request).registry]})
 
 

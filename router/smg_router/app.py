@@ -1,16 +1,18 @@
-"""The router's HTTP server: aiohttp's low-level server and one dispatcher, no ``Application``, no middleware.
+"""The router's HTTP front: the server (``server``) and one dispatcher, no routing framework, no middleware.
 
 Per request, top to bottom (``Dispatcher.__call__``): the route by a dict lookup on the path (the lifecycle
 API's ``/workers/{worker_id}`` by its prefix), the method (``HEAD`` answers as ``GET``; another one is a 405
 naming those the path takes), the admin-port split, ``Expect: 100-continue``, the handler; every error leaves
 as OpenAI-shaped JSON, whoever raised it, and an unknown path is a 404 naming it.  Nothing else runs per
 request: aiohttp's ``Application`` resolved a route through its resources, froze a match-info object and
-walked the middleware chain and the response signals for every request, none of which the router needs.
+walked the middleware chain and the response signals for every request, none of which the router needs
+(and its server built a message, a payload stream and a request object per request: ``server`` parses with
+httptools into one ``core.Request``).
 
 With ``--admin-port`` one server listens on two ports (``__main__`` opens both): the lifecycle mutations
 answer only on the admin port, which serves nothing but the lifecycle API; the lifecycle reads on both, so a
 NetworkPolicy can guard the admin port alone.  From SIGTERM on every answer says ``Connection: close``
-(``core.Request``).
+(``Server.closing``).
 """
 
 from __future__ import annotations
@@ -20,15 +22,14 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
-
-from aiohttp import web
-from aiohttp.http import HttpVersion11
+from functools import partial
 
 from smg_router import admin, handlers
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import NotFound, RouterError, error_response
+from smg_router.server import Server
 from smg_router.settings import Settings
+from smg_router.wire import Response
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,7 @@ class Dispatcher:
                 return templated, {name: value}
         return None, {}
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        assert isinstance(request, Request)  # the server's request factory makes every one
+    async def __call__(self, request: Request) -> Response:
         try:
             methods, request.params = self._resolve(request.path)
             if methods is None:
@@ -91,18 +91,13 @@ class Dispatcher:
                 return response
             if self._admin_port:
                 self._split(request, handler)
-            if request.version >= HttpVersion11 and "Expect" in request.headers:
-                await _continue(request)
+            if "Expect" in request.headers and request.version >= (1, 1):
+                _continue(request)
             return await handler(request)
         except RouterError as e:
             if e.status >= 500:
                 log.warning("%s %s -> %d %s", request.method, request.path, e.status, e.message)
             return e.response()
-        except web.HTTPException as e:  # aiohttp's own, e.g. a body past client_max_size
-            if e.status < 400:
-                raise
-            kind = "not_found_error" if e.status == 404 else "invalid_request_error"
-            return error_response(e.status, e.reason if e.text is None else e.text, type=kind)
         except (asyncio.CancelledError, ConnectionError):
             raise  # the client went away: nothing to answer
         except Exception:
@@ -111,7 +106,7 @@ class Dispatcher:
 
     def _split(self, request: Request, handler: Handler) -> None:
         """The admin port serves the lifecycle API only; the lifecycle mutations answer only there."""
-        if _local_port(request) == self._admin_port:
+        if request.local_port == self._admin_port:
             if handler not in self._lifecycle:
                 raise NotFound(
                     f"port {self._admin_port} serves only the worker lifecycle API; {request.path} is on port "
@@ -126,48 +121,34 @@ class Dispatcher:
             )
 
 
-async def _continue(request: Request) -> None:
+def _continue(request: Request) -> None:
     """``Expect: 100-continue`` (curl sends it for bodies over 1 KiB): the go-ahead before the body is read."""
-    if request.headers["Expect"].lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers['Expect']}")
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    expect = request.headers["Expect"]
+    if expect.lower() != "100-continue":
+        raise RouterError(f"Unknown Expect: {expect}", code="expectation_failed", status=417)
+    request.send_continue()
 
 
-def _local_port(request: web.BaseRequest) -> int | None:
-    """The port this connection was accepted on (the socket's, not the client's Host header)."""
-    sockname = request.transport.get_extra_info("sockname") if request.transport else None
-    return sockname[1] if isinstance(sockname, tuple) else None
-
-
-def build_server(core: RouterCore, **kwargs: Any) -> web.Server:
-    """aiohttp's low-level server over the dispatcher; every request a ``core.Request`` that knows the core.
-
-    ``handler_cancellation``: a client that goes away cancels its handler, which aborts the upstream request."""
-    loop = asyncio.get_running_loop()
-    max_size = core.settings.server.max_payload_size
-
-    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Request:
-        return Request(message, payload, protocol, writer, task, loop, client_max_size=max_size, core=core)
-
-    return web.Server(
-        Dispatcher(core, routes()), request_factory=make_request, handler_cancellation=True, access_log=None, **kwargs
+def build_server(core: RouterCore) -> Server:
+    """The server over the dispatcher; every request a ``core.Request`` that knows the core.  A client that
+    goes away cancels its handler, which aborts the upstream request."""
+    return Server(
+        Dispatcher(core, routes()),
+        make_request=partial(Request, core=core),
+        max_body=core.settings.server.max_payload_size,
+        closing=lambda: core.shutting_down,
     )
 
 
 @asynccontextmanager
-async def running(
-    settings: Settings, *, shutdown_timeout: float = 60.0, **server_kwargs: Any
-) -> AsyncIterator[tuple[RouterCore, web.ServerRunner]]:
-    """The core started and a runner of its server set up (the caller opens the sites); both stopped on exit,
-    the server first (``shutdown_timeout``: how long its connections get to finish), then the core."""
+async def running(settings: Settings, *, shutdown_timeout: float = 60.0) -> AsyncIterator[tuple[RouterCore, Server]]:
+    """The core started and its server made (the caller opens the ports: ``Server.listen``); both stopped on
+    exit, the server first (``shutdown_timeout``: how long its connections get to finish), then the core."""
     core = RouterCore(settings)
-    runner = web.ServerRunner(
-        build_server(core, **server_kwargs), handle_signals=False, shutdown_timeout=shutdown_timeout
-    )
+    server = build_server(core)
     await core.start()
     try:
-        await runner.setup()
-        yield core, runner
+        yield core, server
     finally:
-        await runner.cleanup()
+        await server.shutdown(shutdown_timeout)
         await core.stop()

@@ -13,8 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
@@ -153,26 +152,16 @@ async def run_tree_upkeep(policies: PolicyRegistry, *, periodic: bool) -> None:
         await asyncio.sleep(0)
 
 
-class Request(web.Request):
-    """A request as the router's handlers see it: aiohttp's, plus the core and the route's path parameters
-    (``params``, set by ``app.Dispatcher``), as the low-level server's request factory makes it."""
+class Request(wire.Request):
+    """A request as the router's handlers see it: the server's, plus the core and the route's path parameters
+    (``params``, set by ``app.Dispatcher``)."""
 
-    ATTRS = web.Request.ATTRS | frozenset({"core", "params"})
+    __slots__ = ("core", "params")
 
-    def __init__(self, *args: Any, core: RouterCore, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, conn: wire.Connection, *, core: RouterCore, **head: Any) -> None:
+        super().__init__(conn, **head)
         self.core = core
         self.params: dict[str, str] = {}
 
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        """Just before any answer's headers go out, streamed or not (aiohttp's hook; an ``Application``'s
-        on_response_prepare signal ran here).  From SIGTERM on, every answer says ``Connection: close`` and closes
-        its connection: a client's pooled keep-alive connection to this pod is retired by its next answer,
-        instead of being closed under a request the client sends on it at the instant the router stops (seen
-        in a rolling restart: 'Server disconnected')."""
-        if self.core.shutting_down:
-            response.force_close()
-            response.headers["Connection"] = "close"
 
-
-Handler = Callable[[Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[wire.Response]]

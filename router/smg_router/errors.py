@@ -7,7 +7,8 @@ Handlers raise these; the error middleware in ``app.py`` turns any of them into
 from __future__ import annotations
 
 import orjson
-from aiohttp import web
+
+from smg_router import wire
 
 
 class RouterError(Exception):
@@ -21,7 +22,7 @@ class RouterError(Exception):
         if status is not None:
             self.status = status
 
-    def response(self) -> web.Response:
+    def response(self) -> wire.Response:
         return error_response(self.status, self.message, type=self.type, code=self.code)
 
 
@@ -34,7 +35,7 @@ class Overloaded(RouterError):
         super().__init__(message, code=code)
         self.retry_after = retry_after
 
-    def response(self) -> web.Response:
+    def response(self) -> wire.Response:
         response = super().response()
         response.headers["Retry-After"] = str(self.retry_after)
         return response
@@ -83,6 +84,6 @@ class UpstreamTimeout(RouterError):
     status, type = 504, "upstream_timeout"
 
 
-def error_response(status: int, message: str, *, type: str, code: str | None = None) -> web.Response:
+def error_response(status: int, message: str, *, type: str, code: str | None = None) -> wire.Response:
     body = orjson.dumps({"error": {"message": message, "type": type, "code": code or type}})
-    return web.Response(status=status, body=body, content_type="application/json")
+    return wire.Response(status=status, body=body, content_type="application/json")

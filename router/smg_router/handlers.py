@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest
 from smg_router.http_io import check_bearer, json_response
@@ -24,7 +23,7 @@ from smg_router.upload import HEAD_LIMIT, StreamedUpload, boundary_of
 def _forwarded(endpoint: Endpoint) -> Handler:
     """The handler of one row of ``ENDPOINT_TABLE``: admission, parse, the proxy; the same for every row."""
 
-    async def handler(request: Request) -> web.StreamResponse:
+    async def handler(request: Request) -> wire.Response:
         core = request.core
         check_bearer(request, core.settings.server.api_key, what="the API key", key_header=endpoint.key_header)
         if endpoint.multipart:
@@ -40,7 +39,7 @@ def _forwarded(endpoint: Endpoint) -> Handler:
     return handler
 
 
-async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> web.StreamResponse:
+async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> wire.Response:
     """A multipart upload: its head read for the model, the rest streamed to the worker (``upload``)."""
     boundary = boundary_of(request.headers.get("content-type", ""))
     held = core.admission.enter_streaming(request, HEAD_LIMIT)
@@ -62,7 +61,7 @@ async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> w
         core.admission.leave(held)
 
 
-async def models(request: Request) -> web.Response:
+async def models(request: Request) -> wire.Response:
     """Every model a registered worker serves, in OpenAI's list shape, with the fleet behind it under ``smg``:
     ``workers`` and ``routable`` counts, and ``roles`` (role → number of workers); then every alias of one of
     them (``--model-alias``), its ``smg`` naming the model it routes to (``alias_of``)."""
@@ -85,23 +84,23 @@ async def models(request: Request) -> web.Response:
     return json_response({"object": "list", "data": data})
 
 
-async def liveness(request: Request) -> web.Response:
+async def liveness(request: Request) -> wire.Response:
     return json_response({"status": "alive"})
 
 
-async def readiness(request: Request) -> web.Response:
+async def readiness(request: Request) -> wire.Response:
     core = request.core
     ready, detail = core.readiness()
     return json_response({"status": "ready" if ready else "not_ready", **detail}, 200 if ready else 503)
 
 
-async def health(request: Request) -> web.Response:
+async def health(request: Request) -> wire.Response:
     return await readiness(request)
 
 
-async def metrics(request: Request) -> web.Response:
+async def metrics(request: Request) -> wire.Response:
     core = request.core
-    return web.Response(body=core.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+    return wire.Response(body=core.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
 ROUTES: list[tuple[str, str, Handler]] = [

@@ -6,12 +6,12 @@ import hmac
 from typing import Any
 
 import orjson
-from aiohttp import web
 
+from smg_router import wire
 from smg_router.errors import BadRequest, PayloadTooLarge, Unauthorized
 
 
-def check_bearer(request: web.Request, key: str | None, *, what: str, key_header: str | None = None) -> None:
+def check_bearer(request: wire.Request, key: str | None, *, what: str, key_header: str | None = None) -> None:
     """401 unless the request carries ``Authorization: Bearer <key>`` (compared in constant time; never logged),
     or, where ``key_header`` is given (Anthropic's ``x-api-key``), the bare key in that header."""
     if not key:
@@ -25,7 +25,7 @@ def check_bearer(request: web.Request, key: str | None, *, what: str, key_header
         raise Unauthorized(f"this call needs {what} as 'Authorization: Bearer <key>'", code="invalid_api_key")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: wire.Request, limit: int) -> bytes:
     """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
@@ -34,7 +34,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         )
     try:
         return await request.read()
-    except web.HTTPRequestEntityTooLarge:
+    except wire.BodyTooLarge:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
 
 
@@ -51,5 +51,5 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def json_response(data: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+def json_response(data: object, status: int = 200) -> wire.Response:
+    return wire.Response(status=status, body=orjson.dumps(data), content_type="application/json")

@@ -14,8 +14,7 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.http_io import json_response
 from smg_router.request import ENDPOINT_TABLE, Endpoint
 
@@ -604,5 +603,5 @@ def document() -> dict[str, Any]:
     }
 
 
-async def openapi_json(request: web.Request) -> web.Response:
+async def openapi_json(request: wire.Request) -> wire.Response:
     return json_response(document())

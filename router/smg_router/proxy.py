@@ -21,8 +21,8 @@ import time
 from collections.abc import Mapping
 
 import orjson
-from aiohttp import web
 
+from smg_router import wire
 from smg_router.attempt import Attempts, is_retryable
 from smg_router.errors import (
     BadRequest,
@@ -76,7 +76,7 @@ class Proxy:
                 pd_mode, attempts=self._attempts, upstream=upstream, relay=self.relay, metrics=metrics, retry=retry
             )
 
-    async def handle(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+    async def handle(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""
         req.model = self.resolve_model(req.requested_model)
         self._apply_alias(req)
@@ -150,7 +150,7 @@ class Proxy:
         req.body["model"] = served
         req.raw = orjson.dumps(req.body)
 
-    async def _forward(self, request: web.Request, req: ProxyRequest, role: str) -> web.StreamResponse:
+    async def _forward(self, request: wire.Request, req: ProxyRequest, role: str) -> wire.Response:
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(self._retry.max_retries + 1):

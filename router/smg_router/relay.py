@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 
 import orjson
-from aiohttp import web
 
+from smg_router import wire
 from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
@@ -75,8 +75,8 @@ class Relay:
         return len(self._streams)
 
     async def relay(
-        self, request: web.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard
-    ) -> web.StreamResponse:
+        self, request: wire.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard
+    ) -> wire.Response:
         """Pass the worker's answer through; the caller closes the guard."""
         try:
             headers = response_headers(upstream.headers, guard.worker)
@@ -95,20 +95,20 @@ class Relay:
             guard.answered(upstream.status)
             if self._records(req, upstream.status) and (rid := id_of_body(body)) is not None:
                 self._remember(rid, guard.worker)
-            return web.Response(status=upstream.status, body=body, headers=headers)
+            return wire.Response(status=upstream.status, body=body, headers=headers)
         finally:
             upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 
     async def _stream(
         self,
-        request: web.Request,
+        request: wire.Request,
         req: ProxyRequest,
         upstream: UpstreamResponse,
         guard: AttemptGuard,
         headers: dict[str, str],
-    ) -> web.StreamResponse:
+    ) -> wire.StreamResponse:
         """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
-        out = web.StreamResponse(status=upstream.status, headers=headers)
+        out = wire.StreamResponse(status=upstream.status, headers=headers)
         await out.prepare(request)
         task = asyncio.current_task()
         assert task is not None
@@ -194,7 +194,7 @@ class Relay:
         self.response_ids.remember(response_id, worker.id)
 
 
-async def _end_with_error(out: web.StreamResponse, endpoint: str, message: str, *, type: str, code: str) -> None:
+async def _end_with_error(out: wire.StreamResponse, endpoint: str, message: str, *, type: str, code: str) -> None:
     """The last events of a stream that cannot go on, in the stream's own shape (``error_event``)."""
     with contextlib.suppress(ConnectionError):  # the client may be gone too
         await out.write(error_event(endpoint, message, type=type, code=code))

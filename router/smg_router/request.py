@@ -32,8 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge
 from smg_router.http_io import parse_json_object, read_body
 from smg_router.metrics import Metrics
@@ -425,7 +424,7 @@ class Admission:
     def __len__(self) -> int:
         return self._count
 
-    async def enter(self, request: web.Request) -> bytes:
+    async def enter(self, request: wire.Request) -> bytes:
         """Admit the request and read its body; ``leave(len(body))`` when its answer is over."""
         size = request.content_length
         reserved = self._admit(size, self.max_body if size is None else size)
@@ -441,7 +440,7 @@ class Admission:
         self._bytes += len(body) - reserved  # hold what was read, not the reservation
         return body
 
-    def enter_streaming(self, request: web.Request, held: int) -> int:
+    def enter_streaming(self, request: wire.Request, held: int) -> int:
         """Admit a body streamed through, of which at most ``held`` bytes are in memory at once; returns what
         to ``leave`` with.  Its whole length still has to fit ``--max-payload-size``."""
         size = request.content_length

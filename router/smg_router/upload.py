@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-
-from aiohttp import StreamReader
+from typing import Protocol
 
 from smg_router.errors import BadRequest, PayloadTooLarge
+
+
+class BodyStream(Protocol):
+    """The client's body as it arrives (``wire.Request.content``)."""
+
+    async def readany(self) -> bytes: ...
+
 
 HEAD_LIMIT = 64 * 1024
 """The form fields before the file part must fit in this many bytes."""
@@ -70,7 +76,7 @@ class StreamedUpload:
 
     __slots__ = ("_content", "_sent", "fields", "head", "limit", "too_large")
 
-    def __init__(self, content: StreamReader, *, limit: int) -> None:
+    def __init__(self, content: BodyStream, *, limit: int) -> None:
         self._content = content
         self.limit = limit
         self._sent = 0

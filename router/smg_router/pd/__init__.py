@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from aiohttp import web
-
+from smg_router import wire
 from smg_router.attempt import Attempts
 from smg_router.metrics import Metrics
 from smg_router.pd.bootstrap import BootstrapDispatcher
@@ -28,7 +27,7 @@ __all__ = ["PD_MODES", "PDDispatcher", "pd_dispatcher"]
 class PDDispatcher(Protocol):
     """Answers one PD-mode request: choose a prefill and a decode worker, hand the KV over, relay the decode."""
 
-    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse: ...
+    async def forward(self, request: wire.Request, req: ProxyRequest) -> wire.Response: ...
 
 
 def pd_dispatcher(

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
 
+from smg_router import wire
 from smg_router.attempt import AttemptGuard, Attempts
 from smg_router.errors import BadRequest, UpstreamError
 from smg_router.metrics import Metrics
@@ -76,7 +76,7 @@ class BootstrapDispatcher:
         self._relay = relay
         self._metrics = metrics
 
-    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+    async def forward(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
         with self._attempts.open("prefill", req) as prefill, self._attempts.open("decode", req) as decode:
             body = with_bootstrap(req.endpoint, req.body, prefill.worker)
             prefill_leg = asyncio.ensure_future(self._prefill(prefill, req, body))

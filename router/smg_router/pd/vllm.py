@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from aiohttp import web
 
+from smg_router import wire
 from smg_router.attempt import AttemptGuard, Attempts, is_retryable
 from smg_router.errors import BadRequest, NotSupported, NoWorkerAvailable, UpstreamError
 from smg_router.metrics import Metrics
@@ -140,7 +140,7 @@ class VllmDispatcher:
         self._metrics = metrics
         self._retry = retry
 
-    async def forward(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+    async def forward(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
         check_request(req.endpoint, req.body)
         # one id for both legs, as vLLM's proxy sends it (engines started with --enable-request-id-headers use it)
         headers = {**req.headers, "x-request-id": req.headers.get("x-request-id") or uuid.uuid4().hex}
@@ -154,7 +154,7 @@ class VllmDispatcher:
         try:
             with decode:
                 params = await self._prefill(prefill, req, headers)
-                if isinstance(params, web.Response):
+                if isinstance(params, wire.Response):
                     return params  # the engine refused the request itself: its 4xx, as it wrote it
                 outcome = "decode_failed"
                 body = decode_body(req.body, params)
@@ -170,7 +170,7 @@ class VllmDispatcher:
 
     async def _prefill(
         self, first: AttemptGuard, req: ProxyRequest, headers: Mapping[str, str]
-    ) -> dict[str, Any] | web.Response:
+    ) -> dict[str, Any] | wire.Response:
         """Run the prefill leg, on another prefill worker after a failure; the transfer parameters it returned."""
         body = prefill_body(req.body)
         guard: AttemptGuard | None = first
@@ -227,7 +227,7 @@ class VllmDispatcher:
             code="prefill_failed",
         )
 
-    async def _passed_on(self, guard: AttemptGuard, resp: UpstreamResponse) -> web.Response:
+    async def _passed_on(self, guard: AttemptGuard, resp: UpstreamResponse) -> wire.Response:
         try:
             data = await resp.read()
         except (OSError, TimeoutError) as e:
@@ -238,4 +238,4 @@ class VllmDispatcher:
         finally:
             resp.abort()
         guard.answered(resp.status)
-        return web.Response(status=resp.status, body=data, headers=response_headers(resp.headers, guard.worker))
+        return wire.Response(status=resp.status, body=data, headers=response_headers(resp.headers, guard.worker))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiohttp import web
 from smg_router.app import running
 from smg_router.settings import parse_settings
 from support.procs import free_port
@@ -17,9 +16,12 @@ def _smg_tasks() -> set[str]:
 
 async def test_background_tasks_stop_with_the_app() -> None:
     port = free_port()
-    async with running(parse_settings(["--port", str(port), "--worker-urls", "http://127.0.0.1:9"])) as (_, runner):
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        assert _smg_tasks() == {"smg-health-checker", "smg-load-monitor", "smg-tree-eviction", "smg-loop-lag"}
+    async with running(parse_settings(["--port", str(port), "--worker-urls", "http://127.0.0.1:9"])) as (_, server):
+        await server.listen("127.0.0.1", port)
+        assert _smg_tasks() == {
+            *("smg-health-checker", "smg-load-monitor", "smg-tree-eviction", "smg-loop-lag"),
+            "smg-http-keepalive",  # the server's idle-connection sweeper
+        }
     await asyncio.sleep(0)
     assert _smg_tasks() == set()
 

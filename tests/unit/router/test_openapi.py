@@ -8,7 +8,6 @@ from typing import Any
 
 import aiohttp
 import schemathesis
-from aiohttp import web
 from smg_router import admin
 from smg_router.app import routes, running
 from smg_router.openapi import DOCUMENT_PATH, document
@@ -36,8 +35,8 @@ async def _served() -> AsyncIterator[aiohttp.ClientSession]:
     """The router's own server on a free loopback port, and a client session pointed at it."""
     port = free_port()
     settings = parse_settings(["--admin-api-key", ADMIN_KEY, "--api-key", API_KEY, "--port", str(port)])
-    async with running(settings) as (_, runner):
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+    async with running(settings) as (_, server):
+        await server.listen("127.0.0.1", port)
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as session:
             yield session
 

@@ -1,0 +1,380 @@
+"""The router's HTTP/1.1 server: one ``asyncio.Protocol`` per connection, framed by httptools.
+
+Why not aiohttp's server: per request it builds a message object, a payload stream, a request with a dozen
+attributes and a response whose head is assembled by a writer, where the router needs a dict of headers, the
+body bytes and one send (issue 12 measured aiohttp's server leg at twice this one's CPU per request).  What a
+production server must do is kept:
+
+- keep-alive (HTTP/1.1 by default, HTTP/1.0 on request), pipelined requests answered in order, idle
+  connections closed after ``keepalive_timeout``;
+- a handler starts once the head is parsed (``Expect: 100-continue`` gets its go-ahead before the body); a
+  client that goes away cancels its handler (the upstream request is then aborted);
+- backpressure both ways: reading pauses while a body waits for its handler, a stream waits while the client
+  is slow;
+- a head that cannot be parsed or is too large is answered with a JSON error (400, 414, 431) and the connection
+  closed; an answer sent before its request's body ended closes the connection after it, reading and dropping
+  the rest for a moment first (a close with unread bytes resets the connection, and the client could lose the
+  answer);
+- ``shutdown``: listening stops, idle connections close, busy ones get a grace period, then are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from smg_router.wire import Request, Response
+
+log = logging.getLogger(__name__)
+
+MAX_URL = 8190
+MAX_HEADER = 8190
+MAX_HEAD = 64 * 1024
+MAX_PIPELINED = 16
+"""Requests parsed ahead of the one being answered, above which reading pauses."""
+LINGER_SECONDS = 2.0
+"""How long a connection closed under an unread body reads and drops what the client still sends."""
+SWEEP_SECONDS = 5.0
+_VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
+
+Handler = Callable[[Any], Awaitable[Response]]
+RequestFactory = Callable[..., Request]
+
+
+class _HeadRejected(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_bytes(status: int, message: str, code: str) -> bytes:
+    """A whole JSON error answer that closes the connection (the shape of ``errors.error_response``)."""
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+    reason = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large"}.get(status, "Error")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs the handler for one at a time, writes its answers."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.local_port: int | None = None
+        self.closed = False
+        self._parser = httptools.HttpRequestParser(self)
+        self._url: list[bytes] = []
+        self._headers: list[tuple[str, str]] = []
+        self._head_size = 0
+        self._parsing: Request | None = None
+        """The request whose body is arriving."""
+        self._pending: deque[Request] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        self._lingering = False
+        """Parsing stopped: what the client sends is dropped until the connection closes."""
+        self._rejection = b""
+        self._read_pauses: set[str] = set()
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.idle_since = self._loop.time()
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sockname = transport.get_extra_info("sockname")
+        self.local_port = sockname[1] if isinstance(sockname, tuple) else None
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._stop_parsing()  # the router switches to no other protocol: answered as plain HTTP, then closed
+        except httptools.HttpParserError as e:
+            rejected = e.__context__ if isinstance(e.__context__, _HeadRejected) else None
+            if rejected is not None:
+                self._reject(rejected.status, rejected.message, "request_head_too_large")
+            else:
+                self._reject(400, f"malformed HTTP request: {e}", "bad_http_request")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._server.connections.discard(self)
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("the client closed the connection"))
+        self._drain_waiters.clear()
+        if self._parsing is not None:
+            self._parsing.finish_broken()
+        if self._task is not None:
+            self._task.cancel()  # the client went away: its handler stops, and with it the upstream request
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- httptools callbacks -----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url.clear()
+        self._headers = []
+        self._head_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url.append(url)
+        self._head_size += len(url)
+        if self._head_size > MAX_URL:
+            raise _HeadRejected(414, f"request target longer than {MAX_URL} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value)
+        self._head_size += size
+        if size > MAX_HEADER or self._head_size > MAX_HEAD:
+            what = f"header {name[:64].decode('latin-1')!r}" if size > MAX_HEADER else "request head"
+            raise _HeadRejected(431, f"{what} too large (limits: {MAX_HEADER} bytes a header, {MAX_HEAD} in all)")
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        try:
+            url = httptools.parse_url(b"".join(self._url))
+        except httptools.HttpParserInvalidURLError:
+            raise _HeadRejected(400, "the request target is not a valid URL") from None
+        path = url.path.decode("latin-1") if url.path else "/"
+        if "%" in path:
+            path = unquote(path)
+        request = self._server.make_request(
+            self,
+            method=parser.get_method().decode("latin-1"),
+            path=path,
+            query_string=url.query.decode("latin-1") if url.query else "",
+            headers=CIMultiDictProxy(CIMultiDict(self._headers)),
+            version=_VERSIONS.get(parser.get_http_version(), (1, 1)),
+            keep_alive=parser.should_keep_alive(),
+            max_body=self._server.max_body,
+        )
+        self._parsing = request
+        self._pending.append(request)
+        if len(self._pending) > MAX_PIPELINED:
+            self.pause_reading("pipelined")
+        if self._task is None:
+            self._task = self._loop.create_task(self._run())
+
+    def on_body(self, body: bytes) -> None:
+        if self._parsing is not None:
+            self._parsing.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._parsing is not None:
+            self._parsing.finish()
+            self._parsing = None
+
+    # -- used by requests and answers (wire.Connection) ---------------------------------------------
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if self._write_paused:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def pause_reading(self, why: str = "body") -> None:
+        if not self._read_pauses and self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+        self._read_pauses.add(why)
+
+    def resume_reading(self, why: str = "body") -> None:
+        if why in self._read_pauses:
+            self._read_pauses.discard(why)
+            if not self._read_pauses and self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+
+    def closing(self) -> bool:
+        return self._server.closing()
+
+    # -- serving -----------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        """Answer the parsed requests in order; ends when none is waiting (the next one starts it again)."""
+        try:
+            while self._pending and not self.closed:
+                request = self._pending.popleft()
+                if len(self._pending) == MAX_PIPELINED:
+                    self.resume_reading("pipelined")
+                self._busy = True
+                try:
+                    keep = await self._serve(request)
+                finally:
+                    self._busy = False
+                    self.idle_since = self._loop.time()
+                if not keep:
+                    self._end(request)
+                    return
+            if self._lingering and not self.closed:  # parsing stopped behind these requests (a bad head)
+                self._finish_rejected()
+        finally:
+            self._task = None
+
+    async def _serve(self, request: Request) -> bool:
+        """One request answered; whether the connection may carry another."""
+        response: Response | None = None
+        try:
+            response = await self._server.handler(request)
+            await response.send(request)
+        except ConnectionError:
+            return False
+        except Exception:
+            log.exception("%s %s: answer failed", request.method, request.path)
+            if response is None or not response.prepared:
+                self.write(_error_bytes(500, "internal error in the router (logged)", "server_error"))
+            return False
+        return response.keep_alive and request.complete
+
+    def _end(self, request: Request) -> None:
+        """Close after an answer: at once when the request was read whole, else after a short linger."""
+        self._pending.clear()
+        if self.closed or self.transport is None:
+            return
+        if request.complete and self._parsing is None:
+            self.transport.close()
+            return
+        self._linger()
+
+    def _linger(self) -> None:
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self._stop_parsing()
+        self.resume_reading("body")
+        self.resume_reading("pipelined")
+        if transport.can_write_eof():
+            transport.write_eof()  # the client reads the answer and an end; what it still sends is dropped
+        self._loop.call_later(LINGER_SECONDS, transport.close)
+
+    def _stop_parsing(self) -> None:
+        self._lingering = True
+        if self._parsing is not None:
+            self._parsing.finish_broken()
+            self._parsing = None
+
+    def _reject(self, status: int, message: str, code: str) -> None:
+        """A head that cannot be served: parsing stops; the requests before it are answered, then this JSON
+        error, then the connection ends."""
+        log.info("rejected a request: %d %s", status, message)
+        self._rejection = _error_bytes(status, message, code)
+        self._stop_parsing()
+        if self._task is None:
+            self._finish_rejected()
+
+    def _finish_rejected(self) -> None:
+        if self._rejection:
+            self.write(self._rejection)
+        self._linger()
+
+    def close_idle(self) -> bool:
+        """Close the connection if no request is on it; whether it was closed."""
+        if self._busy or self._pending or self._parsing is not None or self.transport is None:
+            return False
+        self.transport.close()
+        return True
+
+    def abort(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Server:
+    """Listens on any number of ports (``listen``) and serves every connection with ``handler``.
+
+    ``make_request`` builds each request (the router's carries its core: ``core.Request``); ``closing``
+    says when every answer should close its connection (from SIGTERM on: clients retire pooled connections).
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        make_request: RequestFactory = Request,
+        max_body: int,
+        closing: Callable[[], bool] = lambda: False,
+        keepalive_timeout: float = 75.0,
+    ) -> None:
+        self.handler = handler
+        self.make_request = make_request
+        self.max_body = max_body
+        self.closing = closing
+        self.keepalive_timeout = keepalive_timeout
+        self.connections: set[_Connection] = set()
+        self._listeners: list[asyncio.Server] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self.loop = asyncio.get_running_loop()
+
+    async def listen(self, host: str, port: int, *, backlog: int = 1024, reuse_address: bool = True) -> asyncio.Server:
+        """Accept connections on host:port; ``close()`` the listener returned to stop accepting there."""
+        listener = await self.loop.create_server(
+            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=reuse_address
+        )
+        self._listeners.append(listener)
+        if self._sweeper is None:
+            self._sweeper = self.loop.create_task(self._sweep(), name="smg-http-keepalive")
+        return listener
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.getsockname()[1] for listener in self._listeners for s in listener.sockets]
+
+    async def _sweep(self) -> None:
+        """Idle keep-alive connections close after ``keepalive_timeout`` (one timer for all, none per request)."""
+        while True:
+            await asyncio.sleep(min(SWEEP_SECONDS, self.keepalive_timeout))
+            cutoff = self.loop.time() - self.keepalive_timeout
+            for conn in [c for c in self.connections if c.idle_since < cutoff]:
+                conn.close_idle()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop listening, close idle connections, give busy ones ``grace`` seconds, then cut them off."""
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        deadline = self.loop.time() + grace
+        while True:
+            busy = [c for c in self.connections if not c.close_idle()]
+            if not busy or self.loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.abort()
+        await asyncio.sleep(0)  # the transports' close callbacks run

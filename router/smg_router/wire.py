@@ -1,0 +1,327 @@
+"""HTTP/1.1 messages as the router's server (``server``) reads and writes them: ``Request``, ``Response``,
+``StreamResponse``.
+
+The handlers see the few parts of a request they use (method, path, query, headers, version, length, the
+body whole or as a stream) and answer with a ``Response`` (a whole body, written with its head in one send)
+or a ``StreamResponse`` (chunked, written as the handler goes, waiting while the client is slow).  The
+connection behind them is ``server``'s; this module only frames bytes, so that the error types
+(``errors``) can build answers without knowing the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import time
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Protocol
+from urllib.parse import parse_qsl
+
+from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
+
+HIGH_WATER = 1 << 20
+"""Request body bytes buffered, not yet taken by the handler, above which reading from the client pauses."""
+
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+_NO_BODY = frozenset({204, 304})
+_date: tuple[int, str] = (0, "")
+
+
+def _status_line(status: int) -> bytes:
+    return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Status {status}\r\n".encode()
+
+
+def http_date() -> str:
+    """The ``Date`` header's value, formatted once per second."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, email.utils.formatdate(now, usegmt=True))
+    return _date[1]
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the server's limit (``http_io.read_body`` answers 413)."""
+
+
+class Connection(Protocol):
+    """What a request needs of the connection it came on (``server._Connection``)."""
+
+    local_port: int | None
+    closed: bool
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def closing(self) -> bool: ...
+
+
+class Request:
+    """One request: its head as parsed, and its body as it arrives (``read`` whole, or ``content.readany``)."""
+
+    __slots__ = (
+        "_broken",
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_query",
+        "_query_string",
+        "_received",
+        "_waiter",
+        "complete",
+        "content_length",
+        "headers",
+        "keep_alive",
+        "max_body",
+        "method",
+        "path",
+        "too_large",
+        "version",
+    )
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: CIMultiDictProxy[str],
+        version: tuple[int, int],
+        keep_alive: bool,
+        max_body: int,
+    ) -> None:
+        self._conn = conn
+        self.method = method
+        self.path = path
+        self._query_string = query_string
+        self._query: MultiDictProxy[str] | None = None
+        self.headers = headers
+        self.version = version
+        self.keep_alive = keep_alive
+        """Whether the client lets the connection live on after this answer (HTTP/1.1 default, Connection)."""
+        self.max_body = max_body
+        length = headers.get("Content-Length")
+        self.content_length: int | None = int(length) if length is not None and length.isdigit() else None
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._received = 0
+        self.complete = False
+        """The whole body has arrived."""
+        self._broken = False
+        self.too_large = False
+        """More than ``max_body`` bytes arrived; ``read`` refused them and the connection closes after the answer."""
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def query(self) -> MultiDictProxy[str]:
+        if self._query is None:
+            self._query = MultiDictProxy(MultiDict(parse_qsl(self._query_string, keep_blank_values=True)))
+        return self._query
+
+    @property
+    def local_port(self) -> int | None:
+        """The port the connection was accepted on (the socket's, not the client's Host header)."""
+        return self._conn.local_port
+
+    @property
+    def content(self) -> Request:
+        """The body as a stream (``readany``), for uploads passed through as they arrive."""
+        return self
+
+    # -- fed by the connection ---------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        if self.too_large:
+            return  # refused already: the rest is dropped as it arrives
+        self._received += len(data)
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > HIGH_WATER:
+            self._conn.pause_reading()
+        self._wake()
+
+    def finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def finish_broken(self) -> None:
+        """No more body will come (the connection closed or stopped reading): a reader gets an error."""
+        self._broken = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        if self._broken or self._conn.closed:
+            raise ConnectionResetError("the client closed the connection before sending the whole body")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _ended(self) -> bool:
+        return self.complete  # a call: the narrowing of ``self.complete`` does not survive an await
+
+    def _take(self) -> bytes:
+        chunk = b"".join(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        self._chunks.clear()
+        if self._buffered > HIGH_WATER:
+            self._conn.resume_reading()
+        self._buffered = 0
+        return chunk
+
+    # -- read by the handler -----------------------------------------------------------------------
+    async def read(self) -> bytes:
+        """The whole body; ``BodyTooLarge`` past ``max_body`` bytes."""
+        if self.complete:  # the common case: the body came with the head
+            body = self._take() if self._chunks else b""
+            if len(body) > self.max_body:
+                self.too_large = True
+                raise BodyTooLarge(f"request body exceeds the limit of {self.max_body} bytes")
+            return body
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            if self._chunks:
+                chunk = self._take()
+                size += len(chunk)
+                if size > self.max_body:
+                    self.too_large = True
+                    raise BodyTooLarge(f"request body exceeds the limit of {self.max_body} bytes")
+                parts.append(chunk)
+            elif self._ended():
+                return b"".join(parts)
+            else:
+                await self._wait()
+
+    async def readany(self) -> bytes:
+        """The body bytes that arrived since the last call (waiting for some); ``b""`` at its end."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            await self._wait()
+        return self._take()
+
+    def send_continue(self) -> None:
+        """``Expect: 100-continue``: the go-ahead for a body the client holds back until it gets one."""
+        if not self.complete and not self._chunks:
+            self._conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+class Response:
+    """A whole answer: written with its head in one send once the handler returns it."""
+
+    __slots__ = ("body", "headers", "keep_alive", "prepared", "status")
+
+    def __init__(
+        self,
+        *,
+        status: int = 200,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers: CIMultiDict[str] = CIMultiDict(headers) if headers else CIMultiDict()
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+        self.keep_alive = True
+        self.prepared = False
+        """The head went out (a stream's ``prepare``)."""
+
+    def force_close(self) -> None:
+        """Close the connection after this answer."""
+        self.keep_alive = False
+
+    def encode_head(self, request: Request, *, length: int | None) -> bytes:
+        """Status line and headers; ``length`` None: a chunked body (HTTP/1.1) or one that ends at the close."""
+        if request._conn.closing() or not request.keep_alive or request.too_large:
+            self.keep_alive = False
+        out = [_status_line(self.status)]
+        headers = self.headers
+        for name, value in headers.items():
+            out.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
+        if "Date" not in headers:
+            out.append(f"Date: {http_date()}\r\n".encode())
+        if self.status not in _NO_BODY and "Content-Length" not in headers:
+            if length is not None:
+                out.append(b"Content-Length: %d\r\n" % length)
+            elif request.version >= (1, 1):
+                out.append(b"Transfer-Encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # an HTTP/1.0 stream ends with the connection
+        if not self.keep_alive:
+            out.append(b"Connection: close\r\n")
+        elif request.version < (1, 1):
+            out.append(b"Connection: keep-alive\r\n")
+        out.append(b"\r\n")
+        return b"".join(out)
+
+    async def send(self, request: Request) -> None:
+        """Write the whole answer (the server's, once the handler returned it); HEAD gets the head only."""
+        head = self.encode_head(request, length=len(self.body))
+        self.prepared = True
+        conn = request._conn
+        conn.write(head if request.method == "HEAD" or self.status in _NO_BODY else head + self.body)
+        await conn.drain()
+
+
+class StreamResponse(Response):
+    """An answer streamed as it is made: ``prepare`` sends the head, ``write`` each chunk, ``write_eof`` the end."""
+
+    __slots__ = ("_chunked", "_request", "eof")
+
+    def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status=status, headers=headers)
+        self._request: Request | None = None
+        self._chunked = False
+        self.eof = False
+
+    async def prepare(self, request: Request) -> None:
+        if self.prepared:
+            return
+        self._request = request
+        head = self.encode_head(request, length=None)
+        self._chunked = "Content-Length" not in self.headers and request.version >= (1, 1)
+        self.prepared = True
+        request._conn.write(head)
+
+    async def write(self, data: bytes) -> None:
+        """Send a chunk; waits while the client is slow; ``ConnectionResetError`` once it is gone."""
+        assert self._request is not None, "prepare() first"
+        conn = self._request._conn
+        if conn.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if not data:
+            return
+        conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        await conn.drain()
+
+    async def write_eof(self) -> None:
+        if self.eof:
+            return
+        assert self._request is not None, "prepare() first"
+        self.eof = True
+        conn = self._request._conn
+        if conn.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if self._chunked:
+            conn.write(b"0\r\n\r\n")
+        await conn.drain()
+
+    async def send(self, request: Request) -> None:
+        """A stream its handler left unfinished ends here."""
+        if not self.prepared:
+            await self.prepare(request)
+        await self.write_eof()
