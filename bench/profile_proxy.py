@@ -11,10 +11,11 @@ default on).  First one unprofiled wrk run (the throughput to compare with), the
 loop waiting in epoll), so the shares are of the router's busy time.  Each sample goes to one bucket:
 
 - ``GC`` when any frame is the collector (``gc_collect_main``);
-- otherwise the leaf-most frame that belongs to one of the code buckets (server = aiohttp and its C parser,
-  multidict/yarl; body parse = ``request.py`` and orjson; policy; tree; metrics = ``metrics.py`` and
-  prometheus_client; upstream client = ``upstream/`` and httptools; relay = ``relay.py``; router core = the rest
-  of smg_router), so a socket write or an allocation is charged to the code that asked for it;
+- otherwise the leaf-most frame that belongs to one of the code buckets (server = ``server.py`` and
+  ``wire.py``, or aiohttp and its C parser, multidict/yarl for a router before 11a28ee; body parse =
+  ``request.py`` and orjson; policy; tree; metrics = ``metrics.py`` and prometheus_client; upstream client =
+  ``upstream/``; relay = ``relay.py``; router core = the rest of smg_router), so a socket write, an allocation
+  or a parse by httptools (which both legs use) is charged to the code that asked for it;
 - otherwise ``event loop`` (uvloop/libuv, asyncio and its C module: scheduling tasks, reading sockets
   before a protocol sees the bytes), else ``other``.
 py-spy pauses the process for each sample (its default), which slows it down: compare shares, not speed.
@@ -60,10 +61,10 @@ CODE_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("tree", r"smg_router/tree/"),
         ("policy", r"smg_router/polic(ies/|y_names)"),
         ("body parse", r"smg_router/request\.py|/orjson/"),
-        ("upstream client", r"smg_router/upstream/|httptools"),
+        ("upstream client", r"smg_router/upstream/"),
         ("relay", r"smg_router/relay\.py"),
+        ("server", r"smg_router/(server|wire)\.py|/aiohttp/|/multidict/|/yarl/|/propcache/"),
         ("router core", r"smg_router/"),
-        ("server", r"/aiohttp/|/multidict/|/yarl/|/propcache/"),
     )
 )
 LOOP_RULE = re.compile(r"uvloop|libuv|/asyncio/|_asynciomodule")

@@ -40,3 +40,11 @@ def test_the_loop_alone_and_the_startup_frames_are_the_event_loop() -> None:
 
 def test_a_collection_anywhere_is_gc() -> None:
     assert shares(f"{START};{LOOP};{HANDLER};gc_collect_main (/l/libpython3.11.so.1.0)") == {"GC": 1}
+
+
+def test_httptools_is_charged_to_the_leg_that_parses() -> None:
+    parse = "feed_data (/v/httptools/parser/parser.c:9)"
+    server = f"{START};{LOOP};_Connection.data_received (/r/smg_router/server.py:110);{parse}"
+    upstream = f"{START};{LOOP};_Conn.data_received (/r/smg_router/upstream/lean.py:80);{parse}"
+    head = f"{START};{LOOP};{HANDLER};Response.encode_head (/r/smg_router/wire.py:250)"
+    assert shares(server, upstream, head) == {"server": 2, "upstream client": 1}

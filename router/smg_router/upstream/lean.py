@@ -54,6 +54,7 @@ class _Conn(asyncio.Protocol):
         self._deadline_at = self._first_byte_at = self.last_data = 0.0
         self.transport: asyncio.Transport | None = None
         self.fd = -1
+        self.poller: select.poll | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
         self.paused = False
@@ -76,6 +77,8 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.fd = transport.get_extra_info("socket").fileno()
+        self.poller = select.poll()  # made once: a reuse's check is then one poll(2) (``_readable``)
+        self.poller.register(self.fd, select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         if self.complete:
@@ -348,7 +351,7 @@ class LeanUpstream:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and not _readable(conn.fd):
+            if not conn.closed and not _readable(conn):
                 conn.recycle()
                 return conn
             conn.close()
@@ -398,7 +401,7 @@ class LeanUpstream:
         return LeanResponse(self, conn)
 
 
-def _readable(fd: int) -> bool:
+def _readable(conn: _Conn) -> bool:
     """Bytes (or the worker's close) waiting on an idle connection the loop has not read yet.
 
     Anything there was sent before our next request and would be taken as its answer: one poll(2) per
@@ -406,6 +409,4 @@ def _readable(fd: int) -> bool:
     connection the worker already closed.  httpcore checks its idle connections the same way.  Bytes still
     in flight from the worker can slip past it, as they would past any HTTP/1.1 client.
     """
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+    return conn.poller is None or bool(conn.poller.poll(0))
