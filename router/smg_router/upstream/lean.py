@@ -51,6 +51,9 @@ class _Conn(asyncio.Protocol):
         self._timeouts = timeouts
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
+        self.watched = False
+        """A request is out on this connection and its bounds are kept (``watch`` .. ``unwatch``)."""
         self._deadline_at = self._first_byte_at = self.last_data = 0.0
         self.transport: asyncio.Transport | None = None
         self.fd = -1
@@ -112,6 +115,7 @@ class _Conn(asyncio.Protocol):
                 why = f": {exc}" if exc else ""
                 self._fail(ConnectionResetError(f"worker closed the connection mid-response{why}"))
         self.unwatch()
+        self._disarm()
         self._wake()
 
     def _framed(self) -> bool:
@@ -183,25 +187,36 @@ class _Conn(asyncio.Protocol):
 
     # -- the request's timers ------------------------------------------------------------------
     def watch(self) -> None:
-        """The request was just sent: arm its bounds.
+        """The request was just sent: its bounds count from now.
 
-        One timer per request, never touched on the hot path (a body chunk only notes the time): it fires no
-        later than the earliest moment a bound could be passed and, when none was, re-arms itself for the next.
+        One timer per connection, never touched on the hot path (a body chunk only notes the time): it fires
+        no later than the earliest moment a bound could be passed and, when none was, re-arms itself for the
+        next.  It outlives a request (``unwatch`` only marks the connection idle; the timer, firing on an idle
+        connection, stops): with the default bounds (minutes) a pooled connection's requests arm it about
+        once per bound, not once each.
         """
         now = self._loop.time()
         t = self._timeouts
         self._deadline_at = now + t.total
         self._first_byte_at = now + t.first_byte
-        self._timer = self._loop.call_at(now + t.first_check, self._check)
+        self.watched = True
+        due = now + t.first_check
+        if self._timer is not None and self._timer_due > due:
+            self._timer.cancel()  # armed for a later moment than this request's first bound
+            self._timer = None
+        if self._timer is None:
+            self._arm(due)
 
     def unwatch(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.watched = False
+
+    def _arm(self, due: float) -> None:
+        self._timer_due = due
+        self._timer = self._loop.call_at(due, self._check)
 
     def _check(self) -> None:
         self._timer = None
-        if self.complete or self.closed or self.error is not None:
+        if not self.watched or self.complete or self.closed or self.error is not None:
             return
         t = self._timeouts
         now = self._loop.time()
@@ -220,7 +235,7 @@ class _Conn(asyncio.Protocol):
             if now >= due:
                 self._time_out(f"the worker sent nothing for {t.idle:g} s in the middle of its response")
                 return
-        self._timer = self._loop.call_at(min(due, self._deadline_at), self._check)
+        self._arm(min(due, self._deadline_at))
 
     def _time_out(self, message: str) -> None:
         self._fail(TimeoutError(message))
@@ -246,7 +261,13 @@ class _Conn(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def close(self) -> None:
+        self._disarm()
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()

@@ -336,3 +336,41 @@ async def test_a_json_answer_that_stalls_mid_body_is_a_504_counted_by_the_breake
             assert "Traceback" not in r.log()
         finally:
             r.stop()
+
+
+async def test_a_pooled_connections_next_request_keeps_its_own_first_byte_bound() -> None:
+    """The lean client's timer outlives a request on its connection: after a stream re-armed it for the stream's
+    idle bound (2 s), the next request on the same connection still times out at its first-byte bound (0.3 s)."""
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                await read_request(reader)
+                requests += 1
+                if requests > 1:
+                    await reader.read()  # the second request on the connection: no answer, until the client leaves
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\none\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.5)  # the client's check fires in the gap and re-arms for idle
+                writer.write(b"3\r\ntwo\r\n0\r\n\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, HOST, 0)
+    url = f"http://{HOST}:{server.sockets[0].getsockname()[1]}/generate"
+    client = LeanUpstream(connect_timeout=2, total_timeout=LIMIT, first_byte_timeout=0.3, stream_idle_timeout=2.0)
+    try:
+        first = await client.post(url, b"{}", {})
+        assert [c async for c in first.chunks()] == [b"one", b"two"]
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="no response headers"):
+            await client.post(url, b"{}", {})
+        assert requests == 2  # the same connection: the worker saw both
+        assert time.monotonic() - t0 < 1.5
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
