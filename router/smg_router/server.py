@@ -68,6 +68,16 @@ def _error_bytes(status: int, message: str, code: str) -> bytes:
     return head.encode() + body
 
 
+def _split_target(target: bytes) -> tuple[str, str]:
+    """(path percent-decoded, query string) of a request target in any form (origin, absolute)."""
+    try:
+        url = httptools.parse_url(target)
+    except httptools.HttpParserInvalidURLError:
+        raise _HeadRejected(400, "the request target is not a valid URL") from None
+    path = url.path.decode("latin-1") if url.path else "/"
+    return unquote(path) if "%" in path else path, url.query.decode("latin-1") if url.query else ""
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, runs the handler for one at a time, writes its answers."""
 
@@ -159,18 +169,16 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
-        try:
-            url = httptools.parse_url(b"".join(self._url))
-        except httptools.HttpParserInvalidURLError:
-            raise _HeadRejected(400, "the request target is not a valid URL") from None
-        path = url.path.decode("latin-1") if url.path else "/"
-        if "%" in path:
-            path = unquote(path)
+        target = b"".join(self._url) if len(self._url) > 1 else self._url[0] if self._url else b""
+        if target.startswith(b"/") and not any(c in target for c in b"?#%"):
+            path, query = target.decode("latin-1"), ""  # the usual origin-form target: nothing to split or decode
+        else:
+            path, query = _split_target(target)
         request = self._server.make_request(
             self,
             method=parser.get_method().decode("latin-1"),
             path=path,
-            query_string=url.query.decode("latin-1") if url.query else "",
+            query_string=query,
             headers=CIMultiDictProxy(CIMultiDict(self._headers)),
             version=_VERSIONS.get(parser.get_http_version(), (1, 1)),
             keep_alive=parser.should_keep_alive(),

@@ -131,7 +131,11 @@ async def test_a_chunked_body_arriving_in_pieces_is_read_whole() -> None:
         (b"GARBAGE\r\n\r\n", 400, "malformed HTTP request"),
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 414, "request target longer"),
         (b"GET / HTTP/1.1\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n", 431, "'X-Big' too large"),
-        (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70)) + b"\r\n", 431, "head"),
+        (
+            b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70)) + b"\r\n",
+            431,
+            "head",
+        ),
     ],
 )
 async def test_a_bad_or_oversized_head_gets_a_json_error_and_the_connection_closes(
@@ -263,4 +267,22 @@ async def test_every_answer_says_connection_close_once_the_server_is_closing() -
         writer.write(post("/a", b"1"))
         assert (await read_answer(reader))[1]["connection"] == "close"
         assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("target", "path", "query"),
+    [
+        ("/v1/chat/completions", "/v1/chat/completions", {}),
+        ("/workers/a%2Fb?url=http%3A%2F%2Fw%3A1", "/workers/a/b", {"url": "http://w:1"}),
+        ("http://router:30000/a%20b?x=1", "/a b", {"x": "1"}),
+        ("/frag#x", "/frag", {}),
+    ],
+)
+async def test_the_request_target_is_split_and_decoded(target: str, path: str, query: dict[str, str]) -> None:
+    async with serving(App()) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+        status, _, body = await read_answer(reader)
+        assert status == 200 and json.loads(body)["path"] == path and json.loads(body)["q"] == query
         writer.close()
