@@ -24,7 +24,7 @@ from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_u
 ADMIN_BODY_LIMIT = 64 * 1024
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 """A JSON number, as the document's ``timeout`` query parameter says."""
-PATCHABLE = frozenset({"labels", "priority", "draining"})
+PATCHABLE = frozenset({"labels", "priority", "draining", "kv_capacity_tokens"})
 
 
 def _core(request: Request) -> RouterCore:

@@ -252,6 +252,16 @@ SCHEMAS: dict[str, Schema] = {
                     "description": "Who registered it (the operator writes its own name).",
                 }
             ),
+            "kv_capacity_tokens": _nullable(
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "The engine's usable KV cache in tokens.  When set, the worker's share of the "
+                    "cache-aware tree is capped at it times `--tree-chars-per-token`, in place of what the engine "
+                    "reports (`max_total_num_tokens`); set it for an engine that reports none (llama.cpp) or "
+                    "reports more than it keeps for the cache.  Absent or null: the engine's report, if any.",
+                }
+            ),
             "draining": {"description": "Ignored here; PATCH sets it."},
         },
     },
@@ -261,6 +271,9 @@ SCHEMAS: dict[str, Schema] = {
         "properties": {
             "labels": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
             "priority": {"type": "integer"},
+            "kv_capacity_tokens": _nullable(
+                {"type": "integer", "minimum": 1, "description": "null: back to the engine's report."}
+            ),
             "draining": _nullable({"type": "boolean", "description": "true: stop routing to it, in-flight finish."}),
         },
     },
@@ -275,6 +288,7 @@ SCHEMAS: dict[str, Schema] = {
             "labels",
             "priority",
             "owner",
+            "kv_capacity_tokens",
             "status",
             "routable",
             "breaker",
@@ -289,6 +303,7 @@ SCHEMAS: dict[str, Schema] = {
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
             "priority": {"type": "integer"},
             "owner": {"type": "string"},
+            "kv_capacity_tokens": _nullable({"type": "integer"}),
             "status": {"type": "string", "enum": ["pending", "ready", "not_ready", "draining", "failed"]},
             "routable": {"type": "boolean"},
             "breaker": {"type": "string"},

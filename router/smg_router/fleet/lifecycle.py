@@ -120,11 +120,12 @@ class Lifecycle:
 
 def _same_but_model(a: WorkerSpec, b: WorkerSpec) -> bool:
     """A re-registration without model_id matches a worker whose model was discovered."""
-    return (a.url, a.role, a.bootstrap_port, a.labels, a.priority, a.owner) == (
+    return (a.url, a.role, a.bootstrap_port, a.labels, a.priority, a.owner, a.kv_capacity_tokens) == (
         b.url,
         b.role,
         b.bootstrap_port,
         b.labels,
         b.priority,
         b.owner,
+        b.kv_capacity_tokens,
     )

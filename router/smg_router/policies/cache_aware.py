@@ -49,8 +49,9 @@ trees at once (O(1): no match sees it from then on) and retires the tree of a mo
 router's one upkeep task (``PolicyRegistry.tree_upkeep``, over every instance's ``tree_slots``) then
 reclaims their nodes, caps each worker at max_tree_size (2**26) chars per tree (every eviction_interval,
 120 s, and at max_tree_size * high_water_ratio in between) and at its engine's KV capacity
-(``tenant_cap``: the tokens its engine reports times tree_chars_per_token, checked every round, so the
-tree forgets a prefix about when the engine does), and keeps all the trees of the router under
+(``tenant_cap``: the worker's ``kv_capacity_tokens`` when its spec sets one, else the tokens its engine
+reports, times tree_chars_per_token, checked every round, so the tree forgets a prefix about when the engine
+does), and keeps all the trees of the router under
 tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 """
 
@@ -82,6 +83,9 @@ class CacheAwarePolicy(Policy):
         self._syncs = 0
         self._warm_until = 0.0
         """Monotonic time the last newcomer's warm-up ends (a cheap test on the request path)."""
+        self._kv_set: dict[str, int] = {}
+        """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
+        lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
@@ -89,6 +93,7 @@ class CacheAwarePolicy(Policy):
         wanted: dict[str, set[str]] = {}
         self._syncs += 1
         now = time.monotonic()
+        self._kv_set = {w.url: w.spec.kv_capacity_tokens for w in workers if w.spec.kv_capacity_tokens is not None}
         joined = {}
         for w in workers:
             if (seen := self._joined.get(w.url)) is None:
@@ -239,10 +244,18 @@ class CacheAwarePolicy(Policy):
         yield from self._retired
 
     def tenant_cap(self, tenant: str) -> int | None:
-        """Chars this worker's share of a tree may hold: its engine's KV capacity in tokens (as last polled)
-        times tree_chars_per_token; None when unknown or the cap is off."""
+        """Chars this worker's share of a tree may hold: its KV capacity in tokens times tree_chars_per_token.
+
+        The capacity is the ``kv_capacity_tokens`` of the worker's spec when set (it wins: whoever set it knows
+        better, e.g. an engine that reports its whole pool though a share is reserved, or one that reports none,
+        as llama.cpp's server), else what its engine reports (``max_total_num_tokens``, as last polled).  None
+        when neither is known or the cap is off (tree_chars_per_token 0)."""
         per_token = self.ctx.settings.tree_chars_per_token
-        tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant)) if per_token > 0 else None
+        if per_token <= 0:
+            return None
+        tokens = self._kv_set.get(tenant)
+        if tokens is None:
+            tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant))
         return None if tokens is None else max(1, int(tokens * per_token))
 
     def count_evicted(self, model: str, chars: int) -> None:

@@ -66,13 +66,16 @@ class WorkerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     priority: int = 50
     owner: str = "user"
+    kv_capacity_tokens: int | None = None
+    """The engine's usable KV cache in tokens, as its operator knows it; caps the worker's tree share in place of
+    what the engine reports (``CacheAwarePolicy.tenant_cap``).  None: the engine's report, if any."""
 
     @classmethod
     def from_json(cls, data: object, *, base: WorkerSpec | None = None) -> WorkerSpec:
         """Validate a registration body; ``base`` supplies defaults (PUT/PATCH). Raises SpecError."""
         if not isinstance(data, dict):
             raise SpecError("body", "must be a JSON object")
-        known = {"url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner"}
+        known = {"url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner", "kv_capacity_tokens"}
         unknown = sorted(set(data) - known - {"draining"})
         if unknown:
             raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
@@ -87,6 +90,7 @@ class WorkerSpec:
                 "labels": base.labels,
                 "priority": base.priority,
                 "owner": base.owner,
+                "kv_capacity_tokens": base.kv_capacity_tokens,
             }
         )
         cur.update({k: v for k, v in data.items() if k in known})
@@ -112,6 +116,9 @@ class WorkerSpec:
         owner = "user" if cur.get("owner") in (None, "") else cur["owner"]
         if not isinstance(owner, str):
             raise SpecError("owner", "must be a string")
+        kv = cur.get("kv_capacity_tokens")
+        if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1):
+            raise SpecError("kv_capacity_tokens", "must be a positive integer (tokens)")
         return cls(
             url=url,
             role=role,
@@ -120,6 +127,7 @@ class WorkerSpec:
             labels=dict(labels),
             priority=priority,
             owner=owner,
+            kv_capacity_tokens=kv,
         )
 
 
@@ -170,6 +178,7 @@ class Worker:
             "labels": s.labels,
             "priority": s.priority,
             "owner": s.owner,
+            "kv_capacity_tokens": s.kv_capacity_tokens,
             "status": self.status.value,
             "routable": self.routable,
             "breaker": self.breaker.state.value,

@@ -26,6 +26,7 @@ VALID_VALUES = {
     "labels": {"a": "b"},
     "priority": 3,
     "owner": "smg-operator",
+    "kv_capacity_tokens": 4096,
     "draining": True,
 }
 

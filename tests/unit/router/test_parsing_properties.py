@@ -251,6 +251,7 @@ _SPEC_FIELDS = {
     "labels": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3) | JSON_VALUES,
     "priority": st.integers(min_value=-(2**63), max_value=2**63) | JSON_VALUES,
     "owner": st.text(max_size=6) | JSON_VALUES,
+    "kv_capacity_tokens": st.integers(min_value=-2, max_value=2**40) | JSON_VALUES,
     "draining": JSON_VALUES,
 }
 _GOOD_SPEC_FIELDS = {
@@ -260,6 +261,7 @@ _GOOD_SPEC_FIELDS = {
     "labels": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3) | st.none(),
     "priority": st.integers(min_value=-(2**63), max_value=2**63 - 1),
     "owner": st.text(max_size=6) | st.none(),
+    "kv_capacity_tokens": st.integers(min_value=1, max_value=2**40) | st.none(),
     "draining": JSON_VALUES,
 }
 GOOD_SPEC_BODIES = st.fixed_dictionaries({"url": _GOOD_URLS}, optional=_GOOD_SPEC_FIELDS)
@@ -291,6 +293,7 @@ def _as_json(spec: WorkerSpec) -> dict[str, Any]:
         "labels": spec.labels,
         "priority": spec.priority,
         "owner": spec.owner,
+        "kv_capacity_tokens": spec.kv_capacity_tokens,
     }
 
 
@@ -300,6 +303,7 @@ def _check_spec(spec: WorkerSpec) -> None:
     assert spec.bootstrap_port is None or (type(spec.bootstrap_port) is int and 0 < spec.bootstrap_port < 65536)
     assert all(type(k) is str and type(v) is str for k, v in spec.labels.items())
     assert type(spec.priority) is int and type(spec.owner) is str
+    assert spec.kv_capacity_tokens is None or (type(spec.kv_capacity_tokens) is int and spec.kv_capacity_tokens > 0)
     assert WorkerSpec.from_json(orjson.loads(orjson.dumps(_as_json(spec)))) == spec  # what GET shows registers again
 
 
@@ -329,7 +333,9 @@ def test_from_json_accepts_nothing_the_documented_worker_spec_forbids(data: obje
         assert not errors, (data, errors)
 
 
-BASE = WorkerSpec(url="http://127.0.0.2:8000", role="regular", model_id="m", labels={"a": "b"}, priority=7)
+BASE = WorkerSpec(
+    url="http://127.0.0.2:8000", role="regular", model_id="m", labels={"a": "b"}, priority=7, kv_capacity_tokens=4096
+)
 
 
 @SETTINGS
@@ -355,3 +361,5 @@ def test_a_patch_changes_only_what_it_names_or_nothing(patch: dict[str, Any]) ->
         assert spec.labels == BASE.labels
     if "priority" not in fields:
         assert spec.priority == BASE.priority
+    if "kv_capacity_tokens" not in fields:
+        assert spec.kv_capacity_tokens == BASE.kv_capacity_tokens
