@@ -102,12 +102,16 @@ class DesiredWorker:
     labels: Mapping[str, str]
     owner: str
     pod: str | None = None
+    kv_capacity_tokens: int | None = None
+    """``spec.kvCapacityTokens``: the engine's usable KV cache in tokens, which caps the worker's tree share on the
+    router in place of what the engine reports."""
     draining: bool = False
     """The pod carries ``smg.dev/drain: "true"``: registered, but draining (PATCH ``draining``)."""
 
     def registration(self) -> dict[str, Any]:
-        """The POST /workers body."""
-        return {
+        """The POST /workers (and PUT) body.  ``kv_capacity_tokens`` only when set: a router that predates the field
+        refuses it, and a PUT without it clears it."""
+        body: dict[str, Any] = {
             "url": self.url,
             "role": self.role,
             "model_id": self.model_id,
@@ -115,6 +119,9 @@ class DesiredWorker:
             "labels": dict(self.labels),
             "owner": self.owner,
         }
+        if self.kv_capacity_tokens is not None:
+            body["kv_capacity_tokens"] = self.kv_capacity_tokens
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +150,8 @@ def desired_workers(
     if spec.get("policy"):
         base["policy"] = spec["policy"]
     owner = f"{OPERATOR}:{namespace}/{name}"
+    kv = spec.get("kvCapacityTokens")
+    kv_tokens = kv if isinstance(kv, int) and not isinstance(kv, bool) and kv > 0 else None  # the CRD says >= 1
     selected = [p for p in pods if p.namespace == namespace and selector_matches(spec.get("selector"), p.labels)]
     out: dict[str, DesiredWorker] = {}
     for pod in sorted(selected, key=lambda p: p.name):
@@ -157,6 +166,7 @@ def desired_workers(
             labels={**base, POD_NAME: pod.name, POD_UID: pod.uid},
             owner=owner,
             pod=pod.name,
+            kv_capacity_tokens=kv_tokens,
             draining=pod.annotations.get(DRAIN_ANNOTATION, "").strip().lower() == "true",
         )
     endpoints = [str(e).rstrip("/") for e in spec.get("endpoints") or []]
@@ -164,7 +174,13 @@ def desired_workers(
         out.setdefault(
             url,
             DesiredWorker(
-                url=url, role=role, model_id=model, bootstrap_port=_bootstrap_port(spec, None), labels=base, owner=owner
+                url=url,
+                role=role,
+                model_id=model,
+                bootstrap_port=_bootstrap_port(spec, None),
+                labels=base,
+                owner=owner,
+                kv_capacity_tokens=kv_tokens,
             ),
         )
     return Desired(workers=tuple(out.values()), selected=len(selected) + len(set(endpoints)))
@@ -255,7 +271,8 @@ def _same(current: Mapping[str, Any], want: DesiredWorker) -> bool:
         current.get("bootstrap_port"),
         current.get("labels") or {},
         current.get("owner"),
-    ) == (want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner)
+        current.get("kv_capacity_tokens"),
+    ) == (want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner, want.kv_capacity_tokens)
 
 
 def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> Plan:

@@ -102,6 +102,8 @@ def test_rendered_smgworkers_validate(key: str) -> None:
         (lambda s: s.pop("model"), "model"),
         (lambda s: s.pop("selector"), "not valid under any of the given schemas"),
         (lambda s: s.update(drainTimeoutSeconds=-1), "drainTimeoutSeconds"),
+        (lambda s: s.update(kvCapacityTokens=0), "kvCapacityTokens"),
+        (lambda s: s.update(kvCapacityTokens="4096"), "kvCapacityTokens"),
     ],
 )
 def test_bad_smgworkers_are_rejected(change, where: str) -> None:
@@ -109,6 +111,13 @@ def test_bad_smgworkers_are_rejected(change, where: str) -> None:
     change(obj["spec"])
     problems = errors_of(obj)
     assert problems and any(where in p for p in problems), problems
+
+
+def test_kv_capacity_tokens_is_an_optional_positive_integer() -> None:
+    obj = copy.deepcopy(RENDERED["sim:smg-sim-regular"])
+    assert "kvCapacityTokens" not in obj["spec"] and not errors_of(obj)
+    obj["spec"]["kvCapacityTokens"] = 1
+    assert not errors_of(obj), errors_of(obj)
 
 
 def test_chart_crd_is_the_same_crd() -> None:

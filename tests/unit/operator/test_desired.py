@@ -187,3 +187,26 @@ def test_ipv6_pod_and_router_urls_put_the_address_in_brackets() -> None:
     assert [r.url for r in replicas] == ["http://[fd00::10]:30000"]
     v4 = router_replicas(target, {"app": "r"}, [pod("r0", "10.0.0.7", labels={"app": "r"})])
     assert [r.url for r in v4] == ["http://10.0.0.7:30000"]  # IPv4 stays bare
+
+
+# -- kvCapacityTokens (issue 11) -------------------------------------------------------------------------------
+def test_kv_capacity_tokens_goes_into_every_registration_and_a_change_replaces_them() -> None:
+    spec = {**SPEC, "kvCapacityTokens": 4096, "endpoints": ["http://127.0.0.9:7000"]}
+    d = desired_workers(namespace="ns", name="p", uid="U", spec=spec, pods=[pod("a", "127.0.0.2")])
+    assert [w.registration()["kv_capacity_tokens"] for w in d.workers] == [4096, 4096]  # pods and endpoints
+    current = [{"id": f"w{i}", "status": "ready", **w.registration()} for i, w in enumerate(d.workers)]
+    assert plan(d.workers, current, owner_uid="U").empty
+    changed = desired_workers(
+        namespace="ns", name="p", uid="U", spec={**spec, "kvCapacityTokens": 1000}, pods=[pod("a", "127.0.0.2")]
+    )
+    replaced = plan(changed.workers, current, owner_uid="U").replace
+    assert [(wid, w.registration()["kv_capacity_tokens"]) for wid, w in replaced] == [("w0", 1000), ("w1", 1000)]
+    # left out of the SMGWorker: left out of the POST (a router without the field still takes it), and a PUT
+    # without it clears the router's value
+    unset = desired_workers(
+        namespace="ns", name="p", uid="U", spec={**SPEC, "endpoints": spec["endpoints"]}, pods=[pod("a", "127.0.0.2")]
+    )
+    assert all("kv_capacity_tokens" not in w.registration() for w in unset.workers)
+    assert [wid for wid, _ in plan(unset.workers, current, owner_uid="U").replace] == ["w0", "w1"]
+    listed_by_an_older_router = [{k: v for k, v in c.items() if k != "kv_capacity_tokens"} for c in current]
+    assert plan(unset.workers, listed_by_an_older_router, owner_uid="U").empty
