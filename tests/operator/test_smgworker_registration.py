@@ -113,3 +113,28 @@ def test_a_changed_spec_replaces_the_registrations_on_every_replica(
     wait_for(
         lambda: kube.status("llama").get("observedGeneration") == 2, timeout=SETTLE, what="status.observedGeneration 2"
     )
+
+
+def test_kv_capacity_tokens_reaches_every_registration_and_follows_the_field(
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
+    """spec.kvCapacityTokens (issue 11) is each endpoint's kv_capacity_tokens on every replica; changing it
+    changes them, removing it clears them (the engine's own report applies again)."""
+    _two_replicas_and_two_workers(fleet)
+    smgw = kube.create_smgworker(
+        "llama", pool_spec("llama", fleet.router_port, fleet.worker_port, kvCapacityTokens=4096)
+    )
+    uid = smgw["metadata"]["uid"]
+    want = {fleet.sims["llama-0"].url, fleet.sims["llama-1"].url}
+
+    def capacities() -> list[object]:
+        return [w.get("kv_capacity_tokens") for pod in fleet.routers for w in fleet.workers(pod)]
+
+    def everywhere(value: object) -> bool:
+        return fleet.everywhere(want, owner_uid=uid) and capacities() == [value] * 4
+
+    wait_for(lambda: everywhere(4096), timeout=SETTLE, what="kv_capacity_tokens 4096 on both replicas")
+    kube.merge(kube.smgw_path("llama"), {"spec": {"kvCapacityTokens": 1000}})
+    wait_for(lambda: everywhere(1000), timeout=SETTLE, what="kv_capacity_tokens 1000 on both replicas")
+    kube.merge(kube.smgw_path("llama"), {"spec": {"kvCapacityTokens": None}})  # a merge patch's null removes it
+    wait_for(lambda: everywhere(None), timeout=SETTLE, what="kv_capacity_tokens cleared on both replicas")
