@@ -7,12 +7,20 @@ arrives, and not at once everywhere):
 2. The listening socket closes; in-flight requests and streams get ``--shutdown-timeout`` seconds to finish.
 3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
    background tasks cancelled) and the process exits 0.
+
+The collector (issue 12): a request allocates a few dozen container objects (the parsed body, futures, headers)
+that refcounting frees, but every 700 allocations CPython runs a young collection anyway; measured under load
+(c=64 chat, 30 s) that was 215 collections, ~33 µs per request, 4-8% of the router's CPU.  A young generation of
+GC_YOUNG_THRESHOLD objects made it 10 collections, ~8 µs per request, longest pause 33 ms against 52 ms.  The
+objects of start-up (modules, functions, settings: ~10^5) are frozen out of the collector once serving
+(``gc.freeze``), so a full collection walks only what was made since: mostly the cache-aware trees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -23,6 +31,8 @@ from smg_router.core import RouterCore
 from smg_router.settings import Settings, parse_settings
 
 log = logging.getLogger("smg_router")
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations between two young collections (CPython's default: 700); the older generations keep theirs."""
 STREAM_END_GRACE = 2.0
 """Seconds the streams ended at the shutdown deadline get to write their last events."""
 
@@ -33,6 +43,7 @@ async def serve(settings: Settings) -> None:
         listeners = [await server.listen(s.host, s.port, backlog=1024)]
         if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
             listeners.append(await server.listen(s.host, s.admin_port))
+        gc.freeze()  # start-up's objects leave the collector's walks (module docstring)
         log.info(
             "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
             s.host,
@@ -78,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
