@@ -177,7 +177,14 @@ class _Conn(asyncio.Protocol):
             self.waiter.set_result(None)
 
     def take(self) -> bytes:
-        chunk = self.chunks.popleft()
+        """Every body byte buffered so far, as one piece: a read that brought several chunks of a chunked
+        body (an engine's SSE events, one HTTP chunk each) is relayed in one write, not one write per chunk."""
+        chunks = self.chunks
+        if len(chunks) == 1:
+            chunk = chunks.popleft()
+        else:
+            chunk = b"".join(chunks)
+            chunks.clear()
         self.buffered -= len(chunk)
         if self.paused and self.buffered <= HIGH_WATER // 4 and self.transport is not None:
             self.paused = False

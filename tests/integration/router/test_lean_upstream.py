@@ -140,3 +140,37 @@ async def test_deadline_and_connect_errors(server, client) -> None:
         await client.post(f"http://127.0.0.6:{port}/echo", b"", {})
     with contextlib.suppress(Exception):
         await client.close()
+
+
+async def test_chunks_that_arrive_together_are_relayed_as_one_piece_and_later_ones_on_their_own() -> None:
+    """Several chunks of a chunked body in one read (an engine's SSE events) come out as one piece (one write
+    to the client); a chunk that arrives later is its own piece (the stream is not held back)."""
+    go_on = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in (b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"))
+        )
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.6", 0)
+    client = LeanUpstream(connect_timeout=2, total_timeout=10)
+    try:
+        url = f"http://127.0.0.6:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+        response = await client.post(url, b"{}", {})
+        pieces = []
+        async for piece in response.chunks():
+            pieces.append(piece)
+            go_on.set()
+        assert pieces == [b"data: 1\n\ndata: 2\n\ndata: 3\n\n", b"data: [DONE]\n\n"]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
