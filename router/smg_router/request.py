@@ -358,7 +358,7 @@ ROUTING_TOKENS_HEADER = "x-smg-routing-tokens"
 non-negative, comma separated, spaces allowed around them)."""
 MAX_ROUTING_TOKENS = 131072
 """Most ids the routing tokens header may carry (a 400 above): a long prompt, bounded.  The server's limit on
-one header's size usually binds first (aiohttp: 8190 bytes, ~1500 ids)."""
+one header's size usually binds first (``server.MAX_HEADER``: 8190 bytes, ~1500 ids; a 431 above)."""
 TOKEN_BASE = 0xF0000
 """Token ids become characters of Unicode's supplementary private use planes (U+F0000 ...), which no text
 uses: a token prefix is a text prefix in the tree, and never matches a text prompt."""
