@@ -48,7 +48,7 @@ def routes() -> list[Route]:
 
 
 class Dispatcher:
-    """The one request handler of the low-level server (see the module docstring)."""
+    """The one request handler of the server (see the module docstring)."""
 
     def __init__(self, core: RouterCore, table: Iterable[Route]) -> None:
         self._exact: dict[str, dict[str, Handler]] = {}
