@@ -21,8 +21,6 @@ from urllib.parse import parse_qsl
 
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
-CORK_LIMIT = 64 * 1024
-"""Bytes a stream holds back for the end of the loop turn (``StreamResponse``) before it sends at once."""
 HIGH_WATER = 1 << 20
 """Request body bytes buffered, not yet taken by the handler, above which reading from the client pauses."""
 
@@ -280,22 +278,15 @@ class Response:
 
 
 class StreamResponse(Response):
-    """An answer streamed as it is made: ``prepare`` the head, ``write`` each chunk, ``write_eof`` the end.
+    """An answer streamed as it is made: ``prepare`` sends the head, ``write`` each chunk, ``write_eof`` the end."""
 
-    What a stream writes within one turn of the event loop leaves in one send, at the end of that turn (a
-    ``call_soon``): the head with the first chunk when the worker's first bytes came with its headers, the last
-    chunk with the end of the chunked body.  Nothing waits longer than the turn it was written in, and past
-    ``CORK_LIMIT`` bytes the send is made at once."""
-
-    __slots__ = ("_chunked", "_corked", "_flush_handle", "_request", "eof")
+    __slots__ = ("_chunked", "_request", "eof")
 
     def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(status=status, headers=headers)
         self._request: Request | None = None
         self._chunked = False
         self.eof = False
-        self._corked: list[bytes] = []
-        self._flush_handle: asyncio.Handle | None = None
 
     async def prepare(self, request: Request) -> None:
         if self.prepared:
@@ -304,23 +295,7 @@ class StreamResponse(Response):
         head = self.encode_head(request, length=None)
         self._chunked = "Content-Length" not in self.headers and request.version >= (1, 1)
         self.prepared = True
-        self._cork(head)
-
-    def _cork(self, data: bytes) -> None:
-        self._corked.append(data)
-        if sum(map(len, self._corked)) > CORK_LIMIT:
-            self._flush()
-        elif self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        if self._corked and self._request is not None:
-            corked = self._corked
-            self._request._conn.write(corked[0] if len(corked) == 1 else b"".join(corked))
-            corked.clear()
+        request._conn.write(head)
 
     async def write(self, data: bytes) -> None:
         """Send a chunk; waits while the client is slow; ``ConnectionResetError`` once it is gone."""
@@ -330,7 +305,7 @@ class StreamResponse(Response):
             raise ConnectionResetError("the client closed the connection")
         if not data:
             return
-        self._cork(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         await conn.drain()
 
     async def write_eof(self) -> None:
@@ -342,8 +317,7 @@ class StreamResponse(Response):
         if conn.closed:
             raise ConnectionResetError("the client closed the connection")
         if self._chunked:
-            self._corked.append(b"0\r\n\r\n")
-        self._flush()
+            conn.write(b"0\r\n\r\n")
         await conn.drain()
 
     async def send(self, request: Request) -> None:

@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from multidict import CIMultiDict, CIMultiDictProxy
 from smg_router import server as server_module
 from smg_router.server import Server
 from smg_router.wire import BodyTooLarge, Request, Response, StreamResponse
@@ -287,72 +286,3 @@ async def test_the_request_target_is_split_and_decoded(target: str, path: str, q
         status, _, body = await read_answer(reader)
         assert status == 200 and json.loads(body)["path"] == path and json.loads(body)["q"] == query
         writer.close()
-
-
-class _RecordingConn:
-    """A connection that records each send (wire.Connection), for the stream's corking."""
-
-    local_port = None
-    closed = False
-
-    def __init__(self) -> None:
-        self.sends: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.sends.append(data)
-
-    async def drain(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def closing(self) -> bool:
-        return False
-
-
-async def test_a_stream_sends_what_one_loop_turn_wrote_in_one_send() -> None:
-    conn = _RecordingConn()
-    request = Request(
-        conn,
-        method="POST",
-        path="/s",
-        query_string="",
-        headers=CIMultiDictProxy(CIMultiDict()),
-        version=(1, 1),
-        keep_alive=True,
-        max_body=10,
-    )
-    out = StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await out.prepare(request)
-    await out.write(b"data: 1\n\n")
-    await out.write(b"data: 2\n\n")
-    assert conn.sends == []  # held to the end of the turn
-    await asyncio.sleep(0)
-    assert len(conn.sends) == 1 and conn.sends[0].startswith(b"HTTP/1.1 200 OK\r\n")
-    assert conn.sends[0].endswith(b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n")
-    await asyncio.sleep(0.01)  # a later chunk: its own send, with the end of the body
-    await out.write(b"data: [DONE]\n\n")
-    await out.write_eof()
-    assert conn.sends[1:] == [b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
-
-
-async def test_a_large_write_is_sent_at_once() -> None:
-    conn = _RecordingConn()
-    request = Request(
-        conn,
-        method="GET",
-        path="/s",
-        query_string="",
-        headers=CIMultiDictProxy(CIMultiDict()),
-        version=(1, 1),
-        keep_alive=True,
-        max_body=10,
-    )
-    out = StreamResponse()
-    await out.prepare(request)
-    await out.write(b"x" * 70_000)  # past the cork limit: no waiting for the turn's end
-    assert len(conn.sends) == 1 and conn.sends[0].endswith(b"x" * 70_000 + b"\r\n")
