@@ -51,10 +51,11 @@ RequestFactory = Callable[..., Request]
 
 
 class _HeadRejected(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str = "request_head_too_large") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.code = code
 
 
 def _error_bytes(status: int, message: str, code: str) -> bytes:
@@ -73,7 +74,7 @@ def _split_target(target: bytes) -> tuple[str, str]:
     try:
         url = httptools.parse_url(target)
     except httptools.HttpParserInvalidURLError:
-        raise _HeadRejected(400, "the request target is not a valid URL") from None
+        raise _HeadRejected(400, "the request target is not a valid URL", "bad_http_request") from None
     path = url.path.decode("latin-1") if url.path else "/"
     return unquote(path) if "%" in path else path, url.query.decode("latin-1") if url.query else ""
 
@@ -121,7 +122,7 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             rejected = e.__context__ if isinstance(e.__context__, _HeadRejected) else None
             if rejected is not None:
-                self._reject(rejected.status, rejected.message, "request_head_too_large")
+                self._reject(rejected.status, rejected.message, rejected.code)
             else:
                 self._reject(400, f"malformed HTTP request: {e}", "bad_http_request")
 
@@ -354,10 +355,6 @@ class Server:
         if self._sweeper is None:
             self._sweeper = self.loop.create_task(self._sweep(), name="smg-http-keepalive")
         return listener
-
-    @property
-    def ports(self) -> list[int]:
-        return [s.getsockname()[1] for listener in self._listeners for s in listener.sockets]
 
     async def _sweep(self) -> None:
         """Idle keep-alive connections close after ``keepalive_timeout`` (one timer for all, none per request)."""

@@ -73,7 +73,6 @@ class Request:
         "_conn",
         "_query",
         "_query_string",
-        "_received",
         "_waiter",
         "complete",
         "content_length",
@@ -112,7 +111,6 @@ class Request:
         self.content_length: int | None = int(length) if length is not None and length.isdigit() else None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
-        self._received = 0
         self.complete = False
         """The whole body has arrived."""
         self._broken = False
@@ -140,7 +138,6 @@ class Request:
     def feed(self, data: bytes) -> None:
         if self.too_large:
             return  # refused already: the rest is dropped as it arrives
-        self._received += len(data)
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER:
