@@ -136,6 +136,7 @@ def build_server(core: RouterCore) -> Server:
         Dispatcher(core, routes()),
         make_request=partial(Request, core=core),
         max_body=core.settings.server.max_payload_size,
+        body_timeout=core.settings.server.body_timeout,
         closing=lambda: core.shutting_down,
     )
 

@@ -66,6 +66,16 @@ class PayloadTooLarge(RouterError):
     status, type = 413, "invalid_request_error"
 
 
+class RequestTimeout(RouterError):
+    """The client stopped sending its body (``--body-timeout``)."""
+
+    status, type = 408, "invalid_request_error"
+
+    @classmethod
+    def of_body(cls, e: wire.BodyTimeout) -> RequestTimeout:
+        return cls(str(e), code="request_body_timeout")
+
+
 class NotSupported(RouterError):
     """An endpoint the router has but cannot serve in its current mode (a generation endpoint in PD mode)."""
 

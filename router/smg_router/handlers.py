@@ -12,7 +12,7 @@ from typing import Any
 
 from smg_router import wire
 from smg_router.core import Handler, Request, RouterCore
-from smg_router.errors import BadRequest
+from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
 from smg_router.openapi import DOCUMENT_PATH, openapi_json
@@ -57,6 +57,9 @@ async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> w
                     code=e.code,
                 ) from None
         return await core.proxy.handle(request, req)
+    except (PayloadTooLarge, RequestTimeout) as e:
+        core.admission.refused(e)
+        raise
     finally:
         core.admission.leave(held)
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from smg_router import wire
-from smg_router.errors import BadRequest, PayloadTooLarge, Unauthorized
+from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
 
 
 def check_bearer(request: wire.Request, key: str | None, *, what: str, key_header: str | None = None) -> None:
@@ -26,7 +26,8 @@ def check_bearer(request: wire.Request, key: str | None, *, what: str, key_heade
 
 
 async def read_body(request: wire.Request, limit: int) -> bytes:
-    """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes."""
+    """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes, 408 when it stops
+    arriving (``--body-timeout``)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
@@ -36,6 +37,8 @@ async def read_body(request: wire.Request, limit: int) -> bytes:
         return await request.read()
     except wire.BodyTooLarge:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
+    except wire.BodyTimeout as e:
+        raise RequestTimeout.of_body(e) from None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -28,6 +28,7 @@ ERROR_STATUSES = {
     400: "Malformed JSON, a missing field or a field of the wrong type (the message names it)",
     401: "The bearer token is missing or wrong (only when the router has a key configured)",
     404: "No worker serves the model, or no worker has that id",
+    408: "The client stopped sending the body for --body-timeout seconds",
     409: "The URL is registered already with another spec",
     413: "The body is larger than the router accepts (--max-payload-size; 64 KiB on the lifecycle API)",
     501: "In PD mode: a generation endpoint prefill/decode dispatch does not cover",
@@ -409,7 +410,7 @@ def _forwarded(endpoint: Endpoint) -> dict[str, Any]:
                     "description": "The worker's answer, relayed (Server-Sent Events when `stream` is true)",
                     "content": {JSON: {"schema": {}}, "text/event-stream": {"schema": _ref("Event")}},
                 },
-                **_errors(400, 401, 404, 413, 501, 502, 503, 504),
+                **_errors(400, 401, 404, 408, 413, 501, 502, 503, 504),
                 "default": {
                     "description": "Any other error the worker answered, relayed",
                     "content": _json_content(_ref("Error")),
@@ -502,7 +503,7 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     **_ok("Already registered with this spec", worker),
                     **_ok("Registered", worker, 201),
-                    **_errors(400, 401, 409, 413),
+                    **_errors(400, 401, 408, 409, 413),
                 },
             },
             "get": {
@@ -529,13 +530,13 @@ def _paths() -> dict[str, Any]:
                 "summary": "Change labels, priority or draining",
                 "security": ADMIN,
                 "requestBody": _body(_ref("WorkerPatch")),
-                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)},
+                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 408, 413)},
             },
             "put": {
                 "summary": "Replace the spec (url may be left out: it cannot change)",
                 "security": ADMIN,
                 "requestBody": _body(_ref("WorkerReplacement")),
-                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 413)},
+                "responses": {**_ok("The worker", worker), **_errors(400, 401, 404, 408, 413)},
             },
             "delete": {
                 "summary": "Drain, then remove",

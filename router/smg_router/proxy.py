@@ -30,6 +30,7 @@ from smg_router.errors import (
     NotSupported,
     NoWorkerAvailable,
     PayloadTooLarge,
+    RequestTimeout,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -200,11 +201,9 @@ class Proxy:
             return await self._upstream.post(url, req.raw, req.headers)
         try:
             return await self._upstream.post_stream(url, req.upload.body(), req.headers)
-        except PayloadTooLarge:
+        except (PayloadTooLarge, RequestTimeout):
             raise
         except (UpstreamConnectError, TimeoutError):
-            if req.upload.too_large:  # the worker's side broke because we stopped the upload at the limit
-                raise PayloadTooLarge(
-                    f"request body exceeds the limit of {req.upload.limit} bytes", code="payload_too_large"
-                ) from None
+            if req.upload.failure is not None:  # the worker's side broke because the client's upload failed
+                raise req.upload.failure from None
             raise

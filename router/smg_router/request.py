@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smg_router import wire
-from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge
+from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge, RequestTimeout
 from smg_router.http_io import parse_json_object, read_body
 from smg_router.metrics import Metrics
 from smg_router.upload import StreamedUpload
@@ -430,9 +430,9 @@ class Admission:
         reserved = self._admit(size, self.max_body if size is None else size)
         try:
             body = await read_body(request, self.max_body)
-        except PayloadTooLarge:
+        except (PayloadTooLarge, RequestTimeout) as e:
             self.leave(reserved)
-            self._reject("payload_too_large")
+            self.refused(e)
             raise
         except BaseException:
             self.leave(reserved)
@@ -475,6 +475,10 @@ class Admission:
 
     def _reject(self, reason: str) -> None:
         self._metrics.requests_rejected.labels(reason).inc()
+
+    def refused(self, e: PayloadTooLarge | RequestTimeout) -> None:
+        """Count a body refused while it was read: too large (413) or stalled (408)."""
+        self._reject("payload_too_large" if isinstance(e, PayloadTooLarge) else "body_timeout")
 
     async def wait_idle(self, seconds: float) -> bool:
         """Whether every admitted request finished within ``seconds``."""

@@ -10,7 +10,7 @@ production server must do is kept:
 - a handler starts once the head is parsed (``Expect: 100-continue`` gets its go-ahead before the body); a
   client that goes away cancels its handler (the upstream request is then aborted);
 - backpressure both ways: reading pauses while a body waits for its handler, a stream waits while the client
-  is slow;
+  is slow; a body that stops arriving for ``body_timeout`` fails its read (``wire.BodyTimeout``: a 408);
 - a head that cannot be parsed or is too large is answered with a JSON error (400, 414, 431) and the connection
   closed; an answer sent before its request's body ended closes the connection after it, reading and dropping
   the rest for a moment first (a close with unread bytes resets the connection, and the client could lose the
@@ -184,6 +184,7 @@ class _Connection(asyncio.Protocol):
             version=_VERSIONS.get(parser.get_http_version(), (1, 1)),
             keep_alive=parser.should_keep_alive(),
             max_body=self._server.max_body,
+            body_timeout=self._server.body_timeout,
         )
         self._parsing = request
         self._pending.append(request)
@@ -333,12 +334,14 @@ class Server:
         *,
         make_request: RequestFactory = Request,
         max_body: int,
+        body_timeout: float = 60.0,
         closing: Callable[[], bool] = lambda: False,
         keepalive_timeout: float = 75.0,
     ) -> None:
         self.handler = handler
         self.make_request = make_request
         self.max_body = max_body
+        self.body_timeout = body_timeout
         self.closing = closing
         self.keepalive_timeout = keepalive_timeout
         self.connections: set[_Connection] = set()

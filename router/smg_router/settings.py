@@ -129,6 +129,10 @@ class ServerSettings:
     max_inflight_bytes: int = 128 * 1024 * 1024
     """Request body bytes held at once (a body of unknown length counts as max_payload_size until read);
     over it, 503 with Retry-After.  Bodies cost about four times their size in memory while parsed."""
+    body_timeout: float = 60.0
+    """Longest a request body may go without a byte arriving (nginx's ``client_body_timeout``); past it the
+    answer is a 408 and the connection closes, so a client that stalls (or vanished without a FIN) gives its
+    admission slot back."""
     request_timeout: float = 1800.0
     """Upper bound of one upstream request, streaming included."""
     first_byte_timeout: float = 300.0
@@ -340,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="request body bytes held at once (503 with Retry-After above)",
     )
+    add(
+        "--body-timeout",
+        s.body_timeout,
+        type=float,
+        help="seconds a request body may go without a byte arriving (a 408 past it)",
+    )
     add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
     add(
         "--first-byte-timeout",
@@ -420,8 +430,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             "--max-payload-size and --max-concurrent-requests must be positive, and "
             "--max-inflight-bytes at least --max-payload-size"
         )
-    if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout) <= 0:
-        parser.error("--request-timeout, --first-byte-timeout and --stream-idle-timeout must be positive")
+    if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout, a.body_timeout) <= 0:
+        parser.error(
+            "--request-timeout, --first-byte-timeout, --stream-idle-timeout and --body-timeout must be positive"
+        )
     if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
         parser.error("--admin-port must be a port number other than --port (or 0)")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
@@ -477,6 +489,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_payload_size=a.max_payload_size,
             max_concurrent_requests=a.max_concurrent_requests,
             max_inflight_bytes=a.max_inflight_bytes,
+            body_timeout=a.body_timeout,
             request_timeout=a.request_timeout,
             first_byte_timeout=a.first_byte_timeout,
             stream_idle_timeout=a.stream_idle_timeout,

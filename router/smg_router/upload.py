@@ -15,7 +15,8 @@ import re
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from smg_router.errors import BadRequest, PayloadTooLarge
+from smg_router import wire
+from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout
 
 
 class BodyStream(Protocol):
@@ -74,7 +75,7 @@ def scan_head(buf: bytes, boundary: bytes) -> tuple[dict[str, str], bool]:
 class StreamedUpload:
     """The client's body as the worker gets it: the head read so far, then the rest as it arrives."""
 
-    __slots__ = ("_content", "_sent", "fields", "head", "limit", "too_large")
+    __slots__ = ("_content", "_sent", "failure", "fields", "head", "limit")
 
     def __init__(self, content: BodyStream, *, limit: int) -> None:
         self._content = content
@@ -82,8 +83,9 @@ class StreamedUpload:
         self._sent = 0
         self.head = b""
         self.fields: dict[str, str] = {}
-        self.too_large = False
-        """Set when the body passed ``limit``: the worker's side failed because of us; the answer is a 413."""
+        self.failure: PayloadTooLarge | RequestTimeout | None = None
+        """Set when the client's side failed (the body passed ``limit``: 413; it stopped arriving: 408): the
+        worker's side then failed because of us, and this is the answer."""
 
     @property
     def replayable(self) -> bool:
@@ -94,7 +96,7 @@ class StreamedUpload:
         """Read until the head is over (or the body ends); 400 when the head is too long to hold."""
         done = False
         while not done:
-            chunk = await self._content.readany()
+            chunk = await self._read()
             if not chunk:
                 break
             self.head += chunk
@@ -110,10 +112,19 @@ class StreamedUpload:
         """One attempt's body: the head, then what the client sends next (pulled only as the worker reads)."""
         yield self.head
         total = len(self.head) + self._sent
-        while chunk := await self._content.readany():
+        while chunk := await self._read():
             total += len(chunk)
             self._sent += len(chunk)
             if total > self.limit:
-                self.too_large = True
-                raise PayloadTooLarge(f"request body exceeds the limit of {self.limit} bytes", code="payload_too_large")
+                self.failure = PayloadTooLarge(
+                    f"request body exceeds the limit of {self.limit} bytes", code="payload_too_large"
+                )
+                raise self.failure
             yield chunk
+
+    async def _read(self) -> bytes:
+        try:
+            return await self._content.readany()
+        except wire.BodyTimeout as e:
+            self.failure = RequestTimeout.of_body(e)
+            raise self.failure from None

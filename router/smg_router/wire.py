@@ -46,6 +46,15 @@ class BodyTooLarge(Exception):
     """The request body passed the server's limit (``http_io.read_body`` answers 413)."""
 
 
+class BodyTimeout(Exception):
+    """No byte of the request body arrived for ``body_timeout`` seconds (``http_io.read_body`` answers 408)."""
+
+
+def _expire(waiter: asyncio.Future[None], seconds: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(BodyTimeout(f"no byte of the request body arrived for {seconds:g} s (--body-timeout)"))
+
+
 class Connection(Protocol):
     """What a request needs of the connection it came on (``server._Connection``)."""
 
@@ -74,6 +83,7 @@ class Request:
         "_query",
         "_query_string",
         "_waiter",
+        "body_timeout",
         "complete",
         "content_length",
         "headers",
@@ -96,6 +106,7 @@ class Request:
         version: tuple[int, int],
         keep_alive: bool,
         max_body: int,
+        body_timeout: float = 60.0,
     ) -> None:
         self._conn = conn
         self.method = method
@@ -107,6 +118,8 @@ class Request:
         self.keep_alive = keep_alive
         """Whether the client lets the connection live on after this answer (HTTP/1.1 default, Connection)."""
         self.max_body = max_body
+        self.body_timeout = body_timeout
+        """Longest wait for the next piece of the body (``BodyTimeout`` past it)."""
         length = headers.get("Content-Length")
         self.content_length: int | None = int(length) if length is not None and length.isdigit() else None
         self._chunks: collections.deque[bytes] = collections.deque()
@@ -160,10 +173,13 @@ class Request:
     async def _wait(self) -> None:
         if self._broken or self._conn.closed:
             raise ConnectionResetError("the client closed the connection before sending the whole body")
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(self.body_timeout, _expire, waiter, self.body_timeout)
         try:
-            await self._waiter
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     def _ended(self) -> bool:

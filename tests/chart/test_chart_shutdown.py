@@ -19,11 +19,14 @@ def test_prestop_and_grace_period_follow_the_shutdown_values(delay: int, close: 
     assert pod["terminationGracePeriodSeconds"] == delay + close + timeout + 10
 
 
-def test_the_upstream_timeouts_reach_the_router() -> None:
-    out = render({"router": {"firstByteTimeout": 45, "streamIdleTimeout": 30}})
+def test_the_upstream_and_body_timeouts_reach_the_router() -> None:
+    out = render({"router": {"firstByteTimeout": 45, "streamIdleTimeout": 30, "bodyTimeout": 20}})
     router = out.get("Deployment", "smg-router")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in router["env"]}
     assert env["SMG_FIRST_BYTE_TIMEOUT"] == "45" and env["SMG_STREAM_IDLE_TIMEOUT"] == "30"
+    assert env["SMG_BODY_TIMEOUT"] == "20"
+    default = render({}).get("Deployment", "smg-router")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in default["env"]}["SMG_BODY_TIMEOUT"] == "60"
 
 
 def test_the_data_plane_key_comes_from_the_named_secret_only_when_one_is_named() -> None:

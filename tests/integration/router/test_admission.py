@@ -6,6 +6,7 @@ Whatever clients send, the router's memory stays bounded; every refusal is count
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,39 @@ async def test_body_bytes_in_flight_are_bounded_and_oversized_bodies_are_413(log
         text = await asyncio.to_thread(r.metrics)
         assert metric_value(text, "smg_requests_rejected_total", reason="inflight_bytes") == 1
         assert metric_value(text, "smg_requests_rejected_total", reason="payload_too_large") == 1
+    finally:
+        r.stop()
+        sim.stop()
+
+
+async def test_a_body_that_stalls_is_408_and_gives_its_admission_slot_back(logs: Path) -> None:
+    """A client that stops sending its body (gone without a FIN, or a slowloris) holds no admission slot past
+    --body-timeout: the answer is a 408 JSON error, the connection closes, the refusal is counted."""
+    sim = start_sim(logs, time_scale=1.0)
+    r = start_router(logs, workers=[sim.url], args=["--max-concurrent-requests", "1", "--body-timeout", "1"])
+    try:
+        await asyncio.to_thread(r.wait_routable, 1)
+        host, port = r.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n".encode()
+            + b'{"model": '
+        )
+        await writer.drain()
+        async with aiohttp.ClientSession() as s:
+            status, body, _ = await _post(s, r.url, prompt="while the slot is held", max_tokens=1)
+            assert status == 503 and body["error"]["code"] == "overloaded", body
+            answer = await asyncio.wait_for(reader.read(), 10)  # the whole answer, then the router's close
+            head, _, payload = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 "), answer
+            error = json.loads(payload)["error"]
+            assert error["code"] == "request_body_timeout" and "1" in error["message"], error
+            status, body, _ = await _post(s, r.url, prompt="the slot is free again", max_tokens=1)
+            assert status == 200, body
+        writer.close()
+        text = await asyncio.to_thread(r.metrics)
+        assert metric_value(text, "smg_requests_rejected_total", reason="body_timeout") == 1
     finally:
         r.stop()
         sim.stop()

@@ -272,3 +272,44 @@ async def test_a_hung_worker_times_out_and_pass_through_requests_go_elsewhere_or
         router.stop()
         good.stop()
         hung.stop()
+
+
+async def test_an_upload_that_stalls_midway_is_a_408_and_the_worker_request_ends(logs: Path) -> None:
+    """The client stops sending in the middle of the file (past what was kept for a retry): the router answers
+    408 after --body-timeout, and the worker sees its upload end early instead of waiting forever."""
+    ended = asyncio.Event()
+
+    async def transcribe(request: web.Request) -> web.Response:
+        try:
+            async for _ in request.content.iter_any():
+                pass
+        finally:
+            ended.set()  # the body ended or broke off: the router let go of the worker's request
+        return web.json_response({"text": "whole"})
+
+    head, _ = _form([("model", MODEL)])
+    never = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield head + b"\x04" * 100_000
+        await never.wait()
+        yield b""
+
+    async with serving("127.0.0.97", {"/v1/audio/transcriptions": transcribe}) as url:
+        router = start_router(logs, workers=[url], args=["--body-timeout", "1"])
+        try:
+            await _routable(router, 1)
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(
+                    router.url + "/v1/audio/transcriptions", data=stalled(), headers={"Content-Type": CONTENT_TYPE}
+                ) as r,
+            ):
+                answer = await r.json()
+                assert r.status == 408, answer
+            assert answer["error"]["code"] == "request_body_timeout", answer
+            await asyncio.wait_for(ended.wait(), 10)
+            assert metric_value(router.metrics(), "smg_requests_rejected_total", reason="body_timeout") == 1
+            assert "Traceback" not in router.log(), router.log()[-3000:]
+        finally:
+            router.stop()
