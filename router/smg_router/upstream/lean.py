@@ -297,7 +297,7 @@ class LeanResponse:
                 raise conn.error
             if conn.complete:
                 return None
-            conn.waiter = asyncio.get_running_loop().create_future()
+            conn.waiter = conn._loop.create_future()
             try:
                 await conn.waiter
             finally:
