@@ -119,13 +119,10 @@ class Relay:
         scan: bytearray | None = bytearray() if self._records(req, upstream.status) else None
         """The stream's start, until its response id was found (Responses only)."""
         try:
-            chunks = aiter(upstream.chunks())
             first = True
             while True:
                 try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
+                    chunk = await upstream.next_chunk()
                 except TimeoutError:
                     guard.failed()
                     await _end_with_error(
@@ -146,6 +143,8 @@ class Relay:
                         code="upstream_disconnected",
                     )
                     return out
+                if not chunk:
+                    break  # the worker's body ended
                 if first:
                     first = False
                     ttft = time.perf_counter() - req.started

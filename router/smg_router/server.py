@@ -101,7 +101,7 @@ class _Connection(asyncio.Protocol):
         """Parsing stopped: what the client sends is dropped until the connection closes."""
         self._rejection = b""
         self._read_pauses: set[str] = set()
-        self._write_paused = False
+        self.write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.idle_since = self._loop.time()
 
@@ -139,10 +139,10 @@ class _Connection(asyncio.Protocol):
             self._task.cancel()  # the client went away: its handler stops, and with it the upstream request
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         for waiter in self._drain_waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -210,7 +210,7 @@ class _Connection(asyncio.Protocol):
     async def drain(self) -> None:
         if self.closed:
             raise ConnectionResetError("the client closed the connection")
-        if self._write_paused:
+        if self.write_paused:
             waiter = self._loop.create_future()
             self._drain_waiters.append(waiter)
             await waiter

@@ -60,6 +60,8 @@ class Connection(Protocol):
 
     local_port: int | None
     closed: bool
+    write_paused: bool
+    """The client reads slower than we write: ``drain`` waits (a stream checks this before calling it)."""
 
     def write(self, data: bytes) -> None: ...
 
@@ -319,7 +321,8 @@ class StreamResponse(Response):
         if not data:
             return
         conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-        await conn.drain()
+        if conn.write_paused:
+            await conn.drain()
 
     async def write_eof(self) -> None:
         if self.eof:

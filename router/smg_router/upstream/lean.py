@@ -311,10 +311,16 @@ class LeanResponse:
         self.release()
         return b"".join(parts)
 
+    async def next_chunk(self) -> bytes:
+        chunk = await self._next()
+        if chunk is None:
+            self.release()
+            return b""
+        return chunk
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        while (chunk := await self._next()) is not None:
+        while chunk := await self.next_chunk():
             yield chunk
-        self.release()
 
     def release(self) -> None:
         """Back to the pool after a complete response, else closed (the rest of the body is not wanted)."""

@@ -49,10 +49,15 @@ class SessionResponse:
         self._resp.release()
         return b"".join(parts)
 
+    async def next_chunk(self) -> bytes:
+        chunk = await self._next()
+        if not chunk:
+            self._resp.release()
+        return chunk
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self._next():
+        while chunk := await self.next_chunk():
             yield chunk
-        self._resp.release()
 
     def release(self) -> None:
         self._resp.release()
