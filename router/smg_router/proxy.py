@@ -116,10 +116,9 @@ class Proxy:
     def resolve_model(self, requested: str | None) -> str:
         """The model key a request routes by: 404 for a model no worker serves, 503 with no workers."""
         role = "decode" if self._pd is not None else "regular"
-        workers = self._registry.with_role(role)
-        if not workers:
+        models = self._registry.models_of(role)
+        if not models:
             raise NoWorkerAvailable(f"no {role} workers are registered", code="no_workers")
-        models = {w.model_id for w in workers}
         if requested is not None:
             asked = requested
             if requested not in models:  # a served name wins over an alias of the same name (a worker added later)

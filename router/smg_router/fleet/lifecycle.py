@@ -71,7 +71,7 @@ class Lifecycle:
         if spec == worker.spec:
             return worker
         old_role = worker.role
-        worker.spec = spec
+        self.registry.respec(worker, spec)
         if spec.role != old_role:
             self.metrics.forget_worker(worker.url, old_role)
         self._changed(worker, "updated")
