@@ -8,6 +8,7 @@ replicas of one cell are launched before any is waited for, so eight replicas st
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -60,13 +61,39 @@ def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: 
     raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float) -> list[Sim]:
-    """``count`` smg-sim workers with the cost model's flags, each on its own loopback address."""
+SIM_PORT = 30000
+"""The port of every simulated worker, each on its own loopback address (``sim_address``)."""
+
+
+def sim_address(fleet_seed: int, i: int) -> tuple[str, int]:
+    """Worker ``i``'s address: the same in every run of one fleet seed, so that its URL, its id and with them
+    the rendezvous placement of every prefix are the same from run to run (with free ports, which worker a group
+    hashes to changed between runs, and a cell's cached share with it, by up to 0.2).  Another seed, other
+    URLs: another draw of the placement."""
+    return f"127.0.{1 + fleet_seed % 250}.{10 + i}", SIM_PORT
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float, fleet_seed: int = 0) -> list[Sim]:
+    """``count`` smg-sim workers with the cost model's flags, each on its own loopback address
+    (``sim_address``; a busy one falls back to a fresh address and says so)."""
     sims: list[Sim] = []
     try:
-        for _ in range(count):
-            host = next_host()
-            port = free_port(host)
+        for i in range(count):
+            host, port = sim_address(fleet_seed, i)
+            if not _bindable(host, port):
+                host = next_host()
+                port = free_port(host)
+                print(f"fleet: {sim_address(fleet_seed, i)} is taken; worker {i} on {host}:{port} instead", flush=True)
             args = [
                 *(sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL),
                 *("--time-scale", str(time_scale), "--kv-capacity", str(cost.kv_capacity)),

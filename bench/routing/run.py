@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-chars", type=int, default=None, help="shared_prefix: prefix length (default 2000)")
     p.add_argument("--capacity-basis", choices=("cold", "oracle"), default="cold", help="see capacity.py")
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and of the arrival times")
+    p.add_argument(
+        "--fleet-seed",
+        type=int,
+        default=0,
+        help="seed of the workers' addresses (fleet.sim_address): the same seed, the same placement of every prefix",
+    )
     p.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per simulated second")
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
@@ -190,7 +196,7 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
         f"oracle {plan_share:.3f}",
         file=sys.stderr,
     )
-    sims = start_sims(logs, count=a.workers, cost=cost, time_scale=a.time_scale)
+    sims = start_sims(logs, count=a.workers, cost=cost, time_scale=a.time_scale, fleet_seed=a.fleet_seed)
     try:
         workers = [s.url for s in sims]
         for replicas in a.replicas:
