@@ -108,7 +108,7 @@ class Request:
         version: tuple[int, int],
         keep_alive: bool,
         max_body: int,
-        body_timeout: float = 60.0,
+        body_timeout: float,
     ) -> None:
         self._conn = conn
         self.method = method
