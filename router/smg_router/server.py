@@ -96,6 +96,10 @@ class _Connection(asyncio.Protocol):
         """The request whose body is arriving."""
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
+        """Answers the requests in order, from the first request to the connection's end (one task, not one
+        per request: a task's creation and its entry in asyncio's set of tasks cost more than a wake-up)."""
+        self._idle: asyncio.Future[None] | None = None
+        """What the task waits on while no request is parsed; the next head resolves it."""
         self._busy = False
         self._lingering = False
         """Parsing stopped: what the client sends is dropped until the connection closes."""
@@ -171,7 +175,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         parser = self._parser
         target = b"".join(self._url) if len(self._url) > 1 else self._url[0] if self._url else b""
-        if target.startswith(b"/") and not any(c in target for c in b"?#%"):
+        if target.startswith(b"/") and b"?" not in target and b"%" not in target and b"#" not in target:
             path, query = target.decode("latin-1"), ""  # the usual origin-form target: nothing to split or decode
         else:
             path, query = _split_target(target)
@@ -192,6 +196,8 @@ class _Connection(asyncio.Protocol):
             self.pause_reading("pipelined")
         if self._task is None:
             self._task = self._loop.create_task(self._run())
+        elif self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         if self._parsing is not None:
@@ -231,9 +237,17 @@ class _Connection(asyncio.Protocol):
 
     # -- serving -----------------------------------------------------------------------------------
     async def _run(self) -> None:
-        """Answer the parsed requests in order; ends when none is waiting (the next one starts it again)."""
+        """Answer the parsed requests in order, waiting for the next while the connection is idle; ends with
+        the connection (an answer that closes it, a rejected head, the client gone: cancelled)."""
         try:
-            while self._pending and not self.closed:
+            while not self.closed:
+                if not self._pending:
+                    if self._lingering:
+                        break
+                    self._idle = self._loop.create_future()
+                    await self._idle
+                    self._idle = None
+                    continue
                 request = self._pending.popleft()
                 if len(self._pending) == MAX_PIPELINED:
                     self.resume_reading("pipelined")
@@ -299,8 +313,8 @@ class _Connection(asyncio.Protocol):
         log.info("rejected a request: %d %s", status, message)
         self._rejection = _error_bytes(status, message, code)
         self._stop_parsing()
-        if self._task is None:
-            self._finish_rejected()
+        if not self._busy and not self._pending:
+            self._finish_rejected()  # nothing before it to answer (the task, if any, is idle: the close ends it)
 
     def _finish_rejected(self) -> None:
         if self._rejection:

@@ -160,6 +160,33 @@ async def test_a_pipelined_request_before_a_bad_head_is_still_answered() -> None
         writer.close()
 
 
+async def test_an_idle_keep_alive_connection_serves_on_answers_a_bad_head_and_ends_when_the_client_leaves() -> None:
+    """One task serves a connection from its first request to its end: it waits while the connection is idle,
+    a bad head then is still answered (nothing before it to wait for), and a client leaving an idle connection
+    ends the task (no task left behind)."""
+    async with serving(App()) as (server, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for path in ("/a", "/b"):
+            writer.write(post(path, b"x"))
+            assert (await read_answer(reader))[0] == 200
+            await asyncio.sleep(0.02)  # idle between requests
+        writer.write(b"NOT HTTP\r\n\r\n")
+        status, _, body = await read_answer(reader)
+        assert status == 400 and json.loads(body)["error"]["code"] == "bad_http_request"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/a", b"x"))
+        assert (await read_answer(reader))[0] == 200
+        (conn,) = [c for c in server.connections if not c.closed and c._task is not None]
+        task = conn._task
+        assert task is not None and not task.done()  # waiting for the next request
+        writer.close()
+        await asyncio.wait_for(asyncio.wait({task}), 5)
+        assert task.cancelled() and conn._task is None
+
+
 async def test_a_client_that_leaves_cancels_its_handler() -> None:
     app = App()
     async with serving(app) as (server, port):
