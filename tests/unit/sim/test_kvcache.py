@@ -175,3 +175,77 @@ def test_pins_and_unpins_in_any_order_leave_the_counts_exact(seed: int) -> None:
     for pin in pins:
         cache.unpin(pin)
     assert cache.locked == 0
+
+
+class WalkingCache(PrefixCache):
+    """The eviction rule stated plainly, as the cache did it before its heap lived across calls: gather every
+    unpinned leaf, evict the least recently used (ties by id) until under the target, a parent left bare
+    becoming a candidate in turn."""
+
+    def evict(self, target_size: int) -> int:
+        import heapq
+
+        if self.size <= target_size:
+            return 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock == 0]
+        heapq.heapify(heap)
+        evicted = 0
+        while self._size > target_size and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[0]]
+            self._size -= len(leaf.key)
+            evicted += len(leaf.key)
+            if parent is not self._root and not parent.children and parent.lock == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return evicted
+
+
+def cached_paths(cache: PrefixCache) -> set[tuple[int, ...]]:
+    """Every root-to-leaf token run the cache holds (its content, whatever its node layout)."""
+    out: set[tuple[int, ...]] = set()
+    stack = [(cache._root, ())]
+    while stack:
+        node, path = stack.pop()
+        path = path + node.key
+        if not node.children and path:
+            out.add(path)
+        stack.extend((child, path) for child in node.children.values())
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_eviction_evicts_exactly_what_the_plain_rule_evicts(seed: int) -> None:
+    """The heap kept across calls (stale entries skipped, rebuilt when they pile up) against the plain rule, on
+    random inserts, matches, pins, unpins, explicit evictions and clears: the same tokens evicted by every call,
+    the same content after every step.  Small rebuild thresholds make the rebuild happen too."""
+    rng = random.Random(seed)
+    capacity = rng.choice([40, 200, 1000])
+    fast, plain = PrefixCache(capacity), WalkingCache(capacity)
+    fast._rebuild_at = rng.choice([8, 64, 4096])
+    groups = [encode("".join(rng.choice("abc") for _ in range(rng.randint(1, 30)))) for _ in range(6)]
+    pins: list[tuple[object, object]] = []
+    for _ in range(400):
+        op = rng.random()
+        prompt = rng.choice(groups) + encode("".join(rng.choice("abcd") for _ in range(rng.randint(0, 40))))
+        if op < 0.4:
+            assert fast.insert(prompt) == plain.insert(prompt)
+        elif op < 0.6:
+            assert fast.match(prompt) == plain.match(prompt)
+        elif op < 0.75:
+            length = rng.randint(0, len(prompt))
+            pins.append((fast.pin(prompt, length), plain.pin(prompt, length)))
+        elif op < 0.9 and pins:
+            a, b = pins.pop(rng.randrange(len(pins)))
+            fast.unpin(a)  # type: ignore[arg-type]
+            plain.unpin(b)  # type: ignore[arg-type]
+        elif op < 0.99:
+            target = rng.randint(0, capacity)
+            assert fast.evict(target) == plain.evict(target)
+        else:
+            fast.clear()
+            plain.clear()
+            pins.clear()
+        assert (fast.size, fast.locked) == (plain.size, plain.locked)
+        assert cached_paths(fast) == cached_paths(plain)
