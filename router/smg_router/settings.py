@@ -52,6 +52,10 @@ class PolicySettings:
     over the routable workers, under the load gate): every router replica places a new prefix on the same
     worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
     shared system prompt, short enough to be the same for every request of a group."""
+    placement_choices: int = 2
+    """How many rendezvous-ranked workers a miss may go to: 2, the second when the first's share of the tree
+    has no room left for the prompt under its KV cap and the second's has (balance: the hash alone piles
+    groups unevenly); 1, the first-ranked only (every replica always agrees)."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
@@ -306,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="leading chars of a new prompt hashed to place it (the same worker on every replica)",
     )
     add(
+        "--placement-choices",
+        pol.placement_choices,
+        type=int,
+        help="a miss goes to the 1st or, when the 1st has no KV room left and the 2nd has, the 2nd-ranked worker "
+        "(2); 1: the 1st always",
+    )
+    add(
         "--tree-chars-per-token",
         pol.tree_chars_per_token,
         type=float,
@@ -417,6 +428,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
+    if a.placement_choices not in (1, 2):
+        parser.error("--placement-choices must be 1 or 2")
     if a.placement_prefix_chars < 1:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
@@ -509,6 +522,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
+            placement_choices=a.placement_choices,
             tree_chars_per_token=a.tree_chars_per_token,
             warmup_seconds=a.warmup_seconds,
             prefill_policy=a.prefill_policy,

@@ -25,9 +25,15 @@ routable workers:
    those within the load gate (the same gate as for hits: one rule for "too busy"; when it rules a worker
    out, fallback ``imbalance``).  Every router replica
    computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
-   to the same worker, and only load moves it.  Nothing local (what this replica's tree holds per worker)
-   takes part: replicas see different parts of the traffic, and a bound on local shares made 8 replicas
-   place a group on up to 2 workers where pure ranking kept every group on one (12 groups, 4 workers).
+   to the same worker, and only load moves it.  One exception, for misses (``placement_choices`` 2, the
+   default): when the first-ranked worker's share of the tree has no room left for the prompt under its KV
+   cap and the second-ranked one's has, the second takes it, so a worker that already holds what its
+   engine can cache is not handed one more group while another holds one (a hash alone put 5 or 6 of 12
+   groups on one of 4 workers in most fleets).  Room is judged from this replica's tree, which has seen
+   only its share of the traffic, so replicas may disagree; limited to two choices, a group lands on at
+   most two workers.  Measured on the routing benchmark (docs/benchmarks.md, session 8): one replica 0.76
+   -> 0.82 of the tokens cached (oracle 0.88), two 0.70 -> 0.71, four and eight within the noise (0.65 ->
+   0.64, 0.67 -> 0.63).  Spills keep the first choice within the gate: load decides them.
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
@@ -61,7 +67,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
-from smg_router.policies.placement import placement_key, rendezvous_pick, within_gate
+from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_two, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -197,7 +203,7 @@ class CacheAwarePolicy(Policy):
             self.fallback(model, "stale_tenant")
         if not all(ok):
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
-        chosen = self._place(workers, ok, key_text)
+        chosen = self._place_new(workers, ok, key_text, tree, len(text))
         if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
             m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
         m.decisions.labels(model, role, "namespace" if text.startswith(NAMESPACE_MARK) else "miss").inc()
@@ -206,6 +212,25 @@ class CacheAwarePolicy(Policy):
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
         """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""
         return rendezvous_pick(workers, ok, placement_key(text, self.ctx.settings.placement_prefix_chars))
+
+    def _place_new(
+        self, workers: Sequence[Worker], ok: Sequence[bool], key_text: str, tree: RadixTree, size: int
+    ) -> int:
+        """A miss: the rendezvous choice, or the second-ranked worker when the first has no room left for the
+        prompt under its KV cap and the second has (module docstring, 4)."""
+        s = self.ctx.settings
+        key = placement_key(key_text, s.placement_prefix_chars)
+        if s.placement_choices < 2:
+            return rendezvous_pick(workers, ok, key)
+        first, second = rendezvous_two(workers, ok, key)
+        if second is None or self._has_room(tree, workers[first].url, size):
+            return first
+        return second if self._has_room(tree, workers[second].url, size) else first
+
+    def _has_room(self, tree: RadixTree, tenant: str, size: int) -> bool:
+        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room)."""
+        cap = self.tenant_cap(tenant)
+        return cap is None or tree.tenant_size(tenant) + size <= cap
 
     def _warming(self, workers: Sequence[Worker], tree: RadixTree) -> set[int]:
         """The newcomers still warming up: joined after the fleet's first workers (the router's own start is no

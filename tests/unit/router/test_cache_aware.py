@@ -61,6 +61,44 @@ def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order()
         assert b.select(wb, RouteRequest("m", text[:200] + " another question"), NOW).url == placed_a[text]
 
 
+@pytest.mark.parametrize("choices", [2, 1])
+def test_a_new_group_skips_a_first_choice_with_no_kv_room_left_for_one_with_room(choices: int) -> None:
+    """Placement accounts for what each worker holds: a miss whose first-ranked worker's tree share cannot take
+    the prompt under its KV cap goes to the second-ranked worker when that one's can (``--placement-choices 2``,
+    the default); with 1 it always goes to the first; and where neither has room, to the first."""
+    from smg_router.policies.placement import placement_key, rendezvous_two
+
+    env = Env(tree_chars_per_token=1.0, placement_choices=choices)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = env.factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for w in workers:
+        env.loads.record(w.id, 0, at=NOW, kv_tokens=1000)  # every share capped at 1000 chars
+
+    def group(i: int) -> str:
+        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # 403 chars: two fit in 1000, three do not
+
+    ranks = {i: rendezvous_two(workers, [True] * 4, placement_key(group(i), 1024)) for i in range(400)}
+    home = workers[0]
+    mine = [i for i, (first, _) in ranks.items() if first == 0]
+    for i in mine[:2]:  # two groups fill the first worker's share as far as a third cannot fit
+        assert p.select(workers, RouteRequest("m", group(i)), NOW) is home
+    third = mine[2]
+    second = workers[ranks[third][1]]  # type: ignore[index]
+    got = p.select(workers, RouteRequest("m", group(third)), NOW)
+    assert got is (second if choices == 2 else home)
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 3
+    # the group stays where it went: its next request is a hit there
+    assert p.select(workers, RouteRequest("m", group(third) + " a question"), NOW) is got
+    if choices == 1:
+        return
+    # where the second-ranked worker has no room either, the first keeps it
+    tree = p._trees["m"]
+    tree.insert("x" * 999, second.url)
+    fourth = next(i for i in mine[3:] if ranks[i][1] == ranks[third][1])
+    assert p.select(workers, RouteRequest("m", group(fourth)), NOW) is home
+
+
 def test_placement_depends_on_the_leading_chars_only(env: Env) -> None:
     env = Env(placement_prefix_chars=16, cache_threshold=0.99)  # every request below is a miss
     workers = [make_worker(i) for i in range(2, 10)]
@@ -401,11 +439,15 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
 
     d = PolicySettings()
     assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_abs_threshold) == (1024, 3.0, 4)
+    assert d.placement_choices == 2
     monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
     monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
+    monkeypatch.setenv("SMG_PLACEMENT_CHOICES", "1")
     got = parse_settings([]).policy
-    assert (got.placement_prefix_chars, got.tree_chars_per_token) == (256, 1.0)
+    assert (got.placement_prefix_chars, got.tree_chars_per_token, got.placement_choices) == (256, 1.0, 1)
     for bad in (
+        ["--placement-choices", "3"],
+        ["--placement-choices", "0"],
         ["--placement-prefix-chars", "0"],
         ["--tree-chars-per-token", "-1"],
         ["--tree-chars-per-token", "nan"],
