@@ -44,7 +44,7 @@ from fleet import Launch, Target, start_replicas, stop_all  # noqa: E402
 from oracle import common_prefix_len, oracle_cached  # noqa: E402
 from report import percentile  # noqa: E402
 from support.llamacpp import MODEL_ID, LlamaServer, start_llama_server, tiny_model  # noqa: E402
-from support.procs import metric_value, next_host  # noqa: E402
+from support.procs import http_json, metric_value, next_host  # noqa: E402
 from workloads import shared_prefix  # noqa: E402
 
 DEFAULT_TARGETS = "smg:cache_aware,smg:round_robin,rust:cache_aware"
@@ -79,6 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=_csv(int), default=[1, 2])
     p.add_argument("--targets", type=_csv(str), default=DEFAULT_TARGETS.split(","), help="smg:<policy> / rust:<policy>")
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=0,
+        help="set every worker's kv_capacity_tokens on every smg-router replica (PATCH /workers): llama.cpp reports"
+        " none, so without it the tree's KV cap (and the room of placement) is off; a slot's tokens times the slots"
+        " tells the router how many prefixes an engine holds (0: not set)",
+    )
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
     p.add_argument("--rust-bin", default=RUST_BIN)
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and their order")
@@ -366,6 +374,17 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def set_kv_capacity(router_url: str, tokens: int) -> None:
+    """Tell one smg-router replica every worker's KV capacity, as an SMGWorker's ``kvCapacityTokens`` would."""
+    status, body = http_json("GET", router_url + "/workers", timeout=5)
+    if status != 200:
+        raise RuntimeError(f"GET {router_url}/workers: {status}")
+    for w in body["workers"]:
+        status, got = http_json("PATCH", f"{router_url}/workers/{w['id']}", {"kv_capacity_tokens": tokens}, timeout=5)
+        if status != 200:
+            raise RuntimeError(f"PATCH {router_url}/workers/{w['id']}: {status} {got}")
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     prompts = plan(a)
@@ -424,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
                         doc["failures"].append({**cell, "error": str(e)[-2000:]})
                         save()
                         continue
+                    if target.kind == "smg" and a.kv_capacity_tokens:
+                        for r in routers:
+                            set_kv_capacity(r.url, a.kv_capacity_tokens)
                     try:
                         t0 = time.monotonic()
                         answers = asyncio.run(
