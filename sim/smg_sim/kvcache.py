@@ -52,6 +52,7 @@ def _common_len(a: Sequence[int], a_start: int, b: tuple[int, ...]) -> int:
     lo, hi = 0, min(len(a) - a_start, len(b))
     if tuple(a[a_start : a_start + hi]) == b[:hi]:
         return hi  # the usual case: the whole edge (or the whole rest of `a`) matches
+    hi -= 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if tuple(a[a_start + lo : a_start + mid]) == b[lo:mid]:

@@ -28,8 +28,8 @@ routable workers:
    to the same worker, and only load moves it.  One exception, for misses (``placement_choices`` 2, the
    default): when the first-ranked worker's share of the tree has no room left for the prompt under its KV
    cap and the second-ranked one's has, the second takes it, so a worker that already holds what its
-   engine can cache is not handed one more group while another holds one (a hash alone put 5 or 6 of 12
-   groups on one of 4 workers in most fleets).  Room is judged from this replica's tree, which has seen
+   engine can cache is not handed one more group while another holds one (over 30 fleets of 4 workers the
+   hash alone put 4-8 of 12 groups on one).  Room is judged from this replica's tree, which has seen
    only its share of the traffic, so replicas may disagree; limited to two choices, a group lands on at
    most two workers.  Measured on the routing benchmark (docs/benchmarks.md, session 8): one replica 0.76
    -> 0.82 of the tokens cached (oracle 0.88), two 0.70 -> 0.71, four and eight within the noise (0.65 ->
@@ -219,10 +219,9 @@ class CacheAwarePolicy(Policy):
         """A miss: the rendezvous choice, or the second-ranked worker when the first has no room left for the
         prompt under its KV cap and the second has (module docstring, 4)."""
         s = self.ctx.settings
-        key = placement_key(key_text, s.placement_prefix_chars)
         if s.placement_choices < 2:
-            return rendezvous_pick(workers, ok, key)
-        first, second = rendezvous_two(workers, ok, key)
+            return self._place(workers, ok, key_text)
+        first, second = rendezvous_two(workers, ok, placement_key(key_text, s.placement_prefix_chars))
         if second is None or self._has_room(tree, workers[first].url, size):
             return first
         return second if self._has_room(tree, workers[second].url, size) else first
