@@ -55,7 +55,7 @@ class LoadView:
         ours, seen = self._shares.get(worker_id, SHARE_PRIOR)
         ours, seen = ours * SHARE_DECAY + inflight, seen * SHARE_DECAY + max(load, inflight)
         self._shares[worker_id] = (ours, seen)
-        share = max(MIN_SHARE, min(1.0, ours / seen)) if seen > 0 else 1.0  # hours idle: both decayed to 0
+        share = max(MIN_SHARE, min(1.0, ours / seen))
         self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight, share)
         if kv_tokens is not None:
             self._kv_tokens[worker_id] = kv_tokens
