@@ -4,8 +4,7 @@ One approximate radix tree per model (tenants are worker URLs, keys are characte
 text: the whole prompt as the engine sees it, after its cache namespace marker).  Per request, over the
 routable workers:
 
-1. Effective load of each worker = max(backend running + waiting + what this router sent since the poll
-   over its share of the backlog (``LoadView``: N replicas each count a send for N),
+1. Effective load of each worker = max(backend running + waiting + what this router sent since the poll,
    local in-flight) from the shared load snapshot (``LoadView``; local in-flight alone when the snapshot is
    stale, counted as ``no_load_data``).
 2. The load gate: a worker is over it when ``load - min > balance_abs_threshold`` AND ``load > min *
