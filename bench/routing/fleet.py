@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -211,3 +213,25 @@ def stop_all(procs: Sequence[Proc], *, kill: bool = False) -> None:
             p.kill() if kill else p.stop()
         except Exception as e:
             print(f"warning: could not stop {p.name}: {e}", file=sys.stderr)
+
+
+DECISION_SERIES = ("smg_routing_decisions_total", "smg_routing_fallbacks_total")
+"""The router's own account of its choices, summed over a cell's replicas (smg targets only)."""
+
+
+def decision_counts(routers: Sequence[Router]) -> dict[str, dict[str, float]]:
+    """Per series of ``DECISION_SERIES``: branch (decisions) or reason (fallbacks) -> count over every replica,
+    scraped from each replica's ``/metrics`` before it stops (what the router says it did, beside what the
+    workers say they cached)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, Counter[str]] = {name: Counter() for name in DECISION_SERIES}
+    for r in routers:
+        with urllib.request.urlopen(r.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in totals:
+                    key = sample.labels.get("branch") or sample.labels.get("reason") or "?"
+                    totals[sample.name][key] += sample.value
+    return {name: dict(sorted(c.items())) for name, c in totals.items()}

@@ -89,8 +89,25 @@ def summarise(
         "span_s": span,
         "send_lag_ms_p99": percentile([(o.sent - o.arrival) * scale * 1000.0 for o in outcomes], 0.99),
         "requests_per_worker": dict(sorted((k or "?", v) for k, v in served.items())),
+        "workers_per_prefix": workers_per_prefix(plan, ok),
         "load": load_spread(samples, workers=workers),
     }
+
+
+PREFIX_KEY_CHARS = 200
+"""Requests whose prompts share this many leading chars count as one group in ``workers_per_prefix``."""
+
+
+def workers_per_prefix(plan: Sequence[PlannedRequest], ok: Sequence[Outcome]) -> float | None:
+    """Mean number of distinct workers that served a group (prompts sharing their first ``PREFIX_KEY_CHARS``),
+    over the groups of two requests or more: 1.0 when every group stayed on one worker, more when a group was
+    copied into several caches.  None when no group has two requests (unique prompts)."""
+    by_index = {r.index: r for r in plan}
+    groups: dict[str, list[str | None]] = {}
+    for o in ok:
+        groups.setdefault(by_index[o.index].prompt[:PREFIX_KEY_CHARS], []).append(o.worker)
+    spread = [len(set(ws)) for ws in groups.values() if len(ws) > 1]
+    return sum(spread) / len(spread) if spread else None
 
 
 def _f(x: Any, fmt: str) -> str:

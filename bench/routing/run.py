@@ -36,7 +36,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 from capacity import CostModel, fleet_capacity  # noqa: E402
-from fleet import Launch, Target, router_code, start_replicas, start_sims, stop_all, wait_for  # noqa: E402
+from fleet import Launch, Target, decision_counts, router_code, start_replicas, start_sims, stop_all, wait_for  # noqa: E402
 from loadgen import drive  # noqa: E402
 from oracle import oracle_cached  # noqa: E402
 from report import markdown, pivot, summarise  # noqa: E402
@@ -238,11 +238,13 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                             )
                         )
                         wall = time.monotonic() - t0
+                        decisions = decision_counts(routers) if target.kind == "smg" else None
                     finally:
                         stop_all(routers, kill=True)
                     metrics = summarise(
                         workload.requests, outcomes, samples, time_scale=a.time_scale, workers=a.workers
                     )
+                    metrics["router_decisions"] = decisions
                     results.rows.append({**cell, "offered_rps": load * capacity, "wall_s": wall, "metrics": metrics})
                     results.save()
                     t = metrics["ttft_ms"]
@@ -250,7 +252,9 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                         f"{name} {target.name} x{replicas} load {load:.2f}: cached {metrics['cached_share']:.3f} "
                         f"(oracle {metrics['oracle_share']:.3f}) ttft p50/p99 {t['p50'] or 0:.0f}/{t['p99'] or 0:.0f}"
                         f" spread {metrics['load']['running_max_over_mean'] or 0:.2f} errors {metrics['errors']}"
-                        f" ({wall:.1f}s)",
+                        f" workers/group {metrics['workers_per_prefix'] or 0:.2f}"
+                        f" served {metrics['requests_per_worker']}"
+                        f" decisions {decisions} ({wall:.1f}s)",
                         file=sys.stderr,
                     )
     finally:
