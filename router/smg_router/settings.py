@@ -55,7 +55,8 @@ class PolicySettings:
     placement_choices: int = 2
     """How many rendezvous-ranked workers a miss may go to: 2, the second when the first's share of the tree
     has no room left for the prompt under its KV cap and the second's has (balance: the hash alone piles
-    groups unevenly); 1, the first-ranked only (every replica always agrees)."""
+    groups unevenly), judged only by a router that sends most of the fleet's backlog (one of several replicas
+    places by rank, as the others do); 1, the first-ranked only (every replica always agrees)."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine

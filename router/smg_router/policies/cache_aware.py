@@ -29,11 +29,14 @@ routable workers:
    default): when the first-ranked worker's share of the tree has no room left for the prompt under its KV
    cap and the second-ranked one's has, the second takes it, so a worker that already holds what its
    engine can cache is not handed one more group while another holds one (over 30 fleets of 4 workers the
-   hash alone put 4-8 of 12 groups on one).  Room is judged from this replica's tree, which has seen
-   only its share of the traffic, so replicas may disagree; limited to two choices, a group lands on at
-   most two workers.  Measured on the routing benchmark (docs/benchmarks.md, session 8): one replica 0.76
-   -> 0.82 of the tokens cached (oracle 0.88), two 0.70 -> 0.71, four and eight within the noise (0.65 ->
-   0.64, 0.67 -> 0.63).  Spills keep the first choice within the gate: load decides them.
+   hash alone put 4-8 of 12 groups on one).  Room is judged from this router's tree, which knows what the
+   engines hold only when this router sends most of their traffic: so only while its polls show it sends at
+   least ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it,
+   one of N replicas about 1/N).  One of several replicas places every miss on the first-ranked worker, as
+   the others do: a move judged from one replica's partial tree is a move the others do not make, and the
+   group ends up cached twice (with one choice, 8 replicas cache exactly what one does; docs/benchmarks.md,
+   session 10).  Measured on the routing benchmark (session 8): one replica 0.76 -> 0.82 of the tokens
+   cached (oracle 0.88).  Spills keep the first choice within the gate: load decides them.
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
@@ -70,6 +73,9 @@ from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, Rout
 from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_two, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
+
+ALONE_SHARE = 0.75
+"""The share of the fleet's backlog from which a router judges room from its own tree (module docstring, 4)."""
 
 
 class CacheAwarePolicy(Policy):
@@ -222,9 +228,15 @@ class CacheAwarePolicy(Policy):
         if s.placement_choices < 2:
             return self._place(workers, ok, key_text)
         first, second = rendezvous_two(workers, ok, placement_key(key_text, s.placement_prefix_chars))
-        if second is None or self._has_room(tree, workers[first].url, size):
+        if second is None or not self._sees_the_traffic() or self._has_room(tree, workers[first].url, size):
             return first
         return second if self._has_room(tree, workers[second].url, size) else first
+
+    def _sees_the_traffic(self) -> bool:
+        """Whether this router sends most of the fleet's backlog (``LoadView.own_share`` at least ALONE_SHARE, or
+        not known yet), so that its tree knows what the engines hold well enough to judge room."""
+        share = self.ctx.loads.own_share()
+        return share is None or share >= ALONE_SHARE
 
     def _has_room(self, tree: RadixTree, tenant: str, size: int) -> bool:
         """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room)."""

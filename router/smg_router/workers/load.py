@@ -10,6 +10,9 @@ import time
 
 from smg_router.workers.worker import Worker
 
+SHARE_DECAY = 0.9
+"""Weight of the earlier polls in ``own_share``: about the last ten polls of each worker count."""
+
 
 class LoadView:
     """Effective load = max(backend + dispatched since the poll, local in-flight) while the backend figure is
@@ -23,13 +26,17 @@ class LoadView:
     counts a ``no_load_data`` fallback).
     """
 
-    __slots__ = ("_entries", "_kv_tokens", "max_age")
+    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
         self._entries: dict[str, tuple[int, float, int]] = {}
         """worker id -> (backend running + waiting, when polled, this router's in-flight when the poll went out)"""
         self._kv_tokens: dict[str, int] = {}
+        self._shares: dict[str, tuple[float, float]] = {}
+        """worker id -> decayed sums over its polls of (this router's in-flight, the backlog)"""
+        self._ours = self._seen = 0.0
+        """The same sums over every worker (kept up to date by ``record`` and ``forget``)."""
 
     def record(
         self, worker_id: str, load: int, *, at: float | None = None, kv_tokens: int | None = None, inflight: int = 0
@@ -37,17 +44,35 @@ class LoadView:
         """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one.
         ``inflight``: this router's in-flight count for the worker when the poll was sent (in the backlog)."""
         self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight)
+        ours, seen = self._shares.get(worker_id, (0.0, 0.0))
+        new = (ours * SHARE_DECAY + inflight, seen * SHARE_DECAY + max(load, inflight))
+        self._shares[worker_id] = new
+        self._ours += new[0] - ours
+        self._seen += new[1] - seen
         if kv_tokens is not None:
             self._kv_tokens[worker_id] = kv_tokens
 
     def forget(self, worker_id: str) -> None:
         self._entries.pop(worker_id, None)
         self._kv_tokens.pop(worker_id, None)
+        ours, seen = self._shares.pop(worker_id, (0.0, 0.0))
+        self._ours -= ours
+        self._seen -= seen
 
     def kv_tokens(self, worker_id: str) -> int | None:
         """The KV cache capacity in tokens the worker's engine last reported (kept while it answers polls
         without one), or None when it never reported one."""
         return self._kv_tokens.get(worker_id)
+
+    def own_share(self) -> float | None:
+        """This router's share of the fleet's backlog over the recent polls: its in-flight requests when each poll
+        went out over the backlog the engines reported (in-flight when greater: sent, not yet seen there), summed
+        over the workers.  About 1 for a router alone; about 1/N for one of N replicas behind a Service (or less
+        when clients reach the engines another way).  None until the polls have seen a request's worth of
+        backlog (a fleet idle for long decays back to None)."""
+        if self._seen < 1.0:
+            return None
+        return min(1.0, max(0.0, self._ours / self._seen))
 
     def backend(self, worker_id: str, now: float | None = None) -> int | None:
         """The worker's last polled running + waiting, or None when missing or stale."""

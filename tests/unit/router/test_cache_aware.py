@@ -480,6 +480,59 @@ def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> No
     assert len(set(firsts.values())) == 3  # sessions spread although they share the system prompt
 
 
+def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_replica_does() -> None:
+    """Room is judged from this router's tree, which sees only its share of the traffic: a router whose polls
+    show it sends under ALONE_SHARE of the fleet's backlog places every miss on the first-ranked worker (what
+    every replica computes alike), and judges room again once it sends most of the backlog."""
+    from smg_router.policies.cache_aware import ALONE_SHARE
+    from smg_router.policies.placement import placement_key, rendezvous_two
+
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = env.factory.create("cache_aware", role="regular")
+    p.sync(workers)
+
+    def poll(backlog: int, ours: int) -> None:
+        for w in workers:
+            env.loads.record(w.id, backlog, at=NOW, kv_tokens=1000, inflight=ours)
+
+    def group(i: int) -> str:
+        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
+
+    ranks = {i: rendezvous_two(workers, [True] * 4, placement_key(group(i), 1024)) for i in range(400)}
+    mine = [i for i, (first, _) in ranks.items() if first == 0]
+    for i in mine[:2]:  # the first worker's share is full
+        assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]
+    for _ in range(20):
+        poll(4, 1)  # one of four replicas: a quarter of every worker's backlog is ours
+    share = env.loads.own_share()
+    assert share is not None and 0.2 < share < 0.3 < ALONE_SHARE
+    assert p.select(workers, RouteRequest("m", group(mine[2])), NOW) is workers[0]  # by rank, though full
+    for _ in range(30):
+        poll(4, 4)  # the other replicas left: all of the backlog is ours
+    share = env.loads.own_share()
+    assert share is not None and share > ALONE_SHARE
+    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[ranks[mine[3]][1]]  # type: ignore[index]
+
+
+def test_a_routers_share_of_the_backlog_follows_the_polls_and_forgets_what_left() -> None:
+    from smg_router.workers.load import LoadView
+
+    v = LoadView(max_age=5.0)
+    assert v.own_share() is None  # no poll yet
+    v.record("a", 6, at=NOW, inflight=3)
+    v.record("b", 2, at=NOW, inflight=1)
+    assert v.own_share() == pytest.approx(0.5)
+    v.record("c", 0, at=NOW, inflight=2)  # sent, not yet seen by the engine: counts as backlog
+    assert v.own_share() == pytest.approx(6 / 10)
+    v.forget("a")
+    assert v.own_share() == pytest.approx(3 / 4)
+    for _ in range(200):  # a long idle spell: the sums decay below one request's worth
+        v.record("b", 0, at=NOW, inflight=0)
+        v.record("c", 0, at=NOW, inflight=0)
+    assert v.own_share() is None
+
+
 def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog(env: Env) -> None:
     """Optimistic accounting: the snapshot already counts every replica's requests; what this router sent
     since the poll went out comes on top, so a burst spills at the gate instead of piling onto the holder
