@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._node import Node as _Node
 from ._node import common_prefix_len as _common_prefix_len
@@ -77,9 +77,9 @@ from .memory import estimate_bytes
 __all__ = ["Match", "RadixTree"]
 
 
-@dataclass(slots=True, frozen=True)
-class Match:
-    """Result of a longest-prefix match."""
+class Match(NamedTuple):
+    """Result of a longest-prefix match (a tuple: one is built per request, and a frozen dataclass's
+    ``__init__`` costs several times a tuple's)."""
 
     matched_chars: int
     """Length of the longest prefix of the text present in the tree (for any tenant)."""
