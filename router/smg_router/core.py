@@ -43,6 +43,7 @@ class RouterCore:
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
+        self.metrics.add_backlog_share_source(self.loads.own_share)
         self.fleet = Fleet(
             settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
         )

@@ -267,6 +267,20 @@ class _TreeBytesCollector:
         yield family
 
 
+class _ScrapeGauge:
+    """One unlabelled gauge read at scrape time; no sample while its source has no value."""
+
+    def __init__(self, name: str, documentation: str, source: Callable[[], float | None]) -> None:
+        self._name, self._doc, self._source = name, documentation, source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._doc)
+        value = self._source()
+        if value is not None:
+            family.add_metric((), value)
+        yield family
+
+
 class Metrics:
     """The router's metrics.  Label values are server-controlled and bounded (workers leave with their series)."""
 
@@ -390,6 +404,17 @@ class Metrics:
 
     def add_tree_bytes_source(self, source: TreeBytesSource) -> None:
         self.registry.register(_TreeBytesCollector(source))
+
+    def add_backlog_share_source(self, source: Callable[[], float | None]) -> None:
+        self.registry.register(
+            _ScrapeGauge(
+                "smg_router_backlog_share",
+                "This router's share of the workers' polled backlog (its in-flight requests at each poll over the "
+                "running + waiting the engines report, over the last ~10 polls): about 1 for a router alone, 1/N for "
+                "one of N replicas; below 0.75 cache-aware placement stops judging KV room from this router's tree",
+                source,
+            )
+        )
 
     def forget_worker(self, worker: str, role: str) -> None:
         """Drop a removed worker's per-worker series so label values stay bounded."""
