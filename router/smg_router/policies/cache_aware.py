@@ -96,10 +96,10 @@ class CacheAwarePolicy(Policy):
         self._warm_until = 0.0
         """Monotonic time the last newcomer's warm-up ends (a cheap test on the request path)."""
         self._kv_set: dict[str, int] = {}
-        self._ids: dict[str, str] = {}
-        """worker url -> its id, as of the last ``sync`` (``tenant_cap`` runs per miss: no hash of the URL there)."""
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
+        self._ids: dict[str, str] = {}
+        """worker url -> its id, as of the last ``sync`` (``tenant_cap`` runs per miss: no hash of the URL there)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
