@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from capacity import CostModel
+from prometheus_client.parser import text_string_to_metric_families
 from support.procs import Proc, Router, Sim, free_port, http_json, next_host
 from workloads import MODEL
 
@@ -223,8 +224,6 @@ def decision_counts(routers: Sequence[Router]) -> dict[str, dict[str, float]]:
     """Per series of ``DECISION_SERIES``: branch (decisions) or reason (fallbacks) -> count over every replica,
     scraped from each replica's ``/metrics`` before it stops (what the router says it did, beside what the
     workers say they cached)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     totals: dict[str, Counter[str]] = {name: Counter() for name in DECISION_SERIES}
     for r in routers:
         with urllib.request.urlopen(r.url + "/metrics", timeout=5) as resp:

@@ -98,8 +98,6 @@ class CacheAwarePolicy(Policy):
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
-        self._ids: dict[str, str] = {}
-        """worker url -> its id, as of the last ``sync`` (``tenant_cap`` runs per miss: no hash of the URL there)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
@@ -108,7 +106,6 @@ class CacheAwarePolicy(Policy):
         self._syncs += 1
         now = time.monotonic()
         self._kv_set = {w.url: w.spec.kv_capacity_tokens for w in workers if w.spec.kv_capacity_tokens is not None}
-        self._ids = {w.url: w.id for w in workers}
         joined = {}
         for w in workers:
             if (seen := self._joined.get(w.url)) is None:
@@ -294,7 +291,7 @@ class CacheAwarePolicy(Policy):
             return None
         tokens = self._kv_set.get(tenant)
         if tokens is None:
-            tokens = self.ctx.loads.kv_tokens(self._ids.get(tenant) or worker_id_for(tenant))
+            tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant))
         return None if tokens is None else max(1, int(tokens * per_token))
 
     def count_evicted(self, model: str, chars: int) -> None:
