@@ -368,6 +368,13 @@ class Metrics:
             ("worker", "role"),
             registry=r,
         )
+        self.worker_kv_capacity = GaugeFamily(
+            "smg_worker_kv_capacity_tokens",
+            "KV cache capacity in tokens the worker's engine reported (SGLang, vLLM: /metrics or /v1/loads; "
+            "llama.cpp: /props, context size times slots); a worker's kv_capacity_tokens setting overrides it",
+            ("worker", "role"),
+            registry=r,
+        )
         self.worker_healthy = GaugeFamily(
             "smg_worker_healthy",
             "1 when the worker passes its health checks (status ready)",
@@ -418,7 +425,7 @@ class Metrics:
 
     def forget_worker(self, worker: str, role: str) -> None:
         """Drop a removed worker's per-worker series so label values stay bounded."""
-        for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_healthy):
+        for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_kv_capacity, self.worker_healthy):
             gauge.remove(worker, role)
         self.worker_poll_errors.remove_by_labels({"worker": worker})
 

@@ -52,11 +52,13 @@ class PolicySettings:
     over the routable workers, under the load gate): every router replica places a new prefix on the same
     worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
     shared system prompt, short enough to be the same for every request of a group."""
-    placement_choices: int = 2
-    """How many rendezvous-ranked workers a miss may go to: 2, the second when the first's share of the tree
-    has no room left for the prompt under its KV cap and the second's has (balance: the hash alone piles
-    groups unevenly), judged only by a router that sends most of the fleet's backlog (one of several replicas
-    places by rank, as the others do); 1, the first-ranked only (every replica always agrees)."""
+    placement_choices: int = 0
+    """How many rendezvous-ranked workers a miss may go to: the best-ranked of them whose share of the tree has
+    room left for the prompt under its KV cap (the first when none has), so a worker that holds what its engine
+    can cache is not handed one more group while another has room (the hash alone piles groups unevenly);
+    judged only by a router that sends most of the fleet's backlog (one of several replicas places by rank, as
+    the others do).  0 (the default): every routable worker; 1: the first-ranked only (every replica always
+    agrees)."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
@@ -314,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--placement-choices",
         pol.placement_choices,
         type=int,
-        help="a miss goes to the 1st or, when the 1st has no KV room left and the 2nd has, the 2nd-ranked worker "
-        "(2); 1: the 1st always",
+        help="a miss goes to the best-ranked of this many workers with KV room left for it (the 1st when none "
+        "has); 0: every worker; 1: the 1st always",
     )
     add(
         "--tree-chars-per-token",
@@ -429,8 +431,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
-    if a.placement_choices not in (1, 2):
-        parser.error("--placement-choices must be 1 or 2")
+    if a.placement_choices < 0:
+        parser.error("--placement-choices must be 0 (every worker) or more")
     if a.placement_prefix_chars < 1:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too

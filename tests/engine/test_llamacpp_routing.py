@@ -204,3 +204,18 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
         what="the busy engine's load back to 0 after the stream closed",
     )
     assert metric_value(engine_metrics(busy), "llamacpp:tokens_predicted_total") < 3000
+
+
+def test_the_router_reads_each_engines_kv_capacity_from_its_props(router: Router, engines: list[LlamaServer]) -> None:
+    """llama.cpp reports no KV capacity in /metrics: the router asks /props (a slot's context times the slots:
+    2 x 4096 here), so the tree's cap per worker follows the engine without a kv_capacity_tokens setting."""
+    for e in engines:
+        props = json.loads(urllib.request.urlopen(e.url + "/props", timeout=TIMEOUT).read())
+        assert props["total_slots"] * props["default_generation_settings"]["n_ctx"] == 8192
+
+    def capacities() -> dict[str, float] | None:
+        text = router.metrics()
+        got = {e.url: metric_value(text, "smg_worker_kv_capacity_tokens", worker=e.url) for e in engines}
+        return got if all(got.values()) else None
+
+    assert wait_until(capacities, timeout=30, interval=0.1, what="both capacities") == {e.url: 8192 for e in engines}

@@ -1,8 +1,11 @@
 """The load monitor: poll every worker's backlog into the one shared ``LoadView``.
 
 Asks ``GET /v1/loads`` (SGLang) first and falls back to Prometheus ``GET /metrics`` (SGLang, vLLM and
-llama.cpp gauges), remembering per worker which one answered.  Runs whenever any policy instance reads
-load (cache_aware included: the Rust gateway never polled for a cache_aware-only deployment).
+llama.cpp gauges), remembering per worker which one answered.  The engine's KV capacity (the tree's cap per
+worker) comes with those figures where the engine reports it (SGLang, vLLM); a llama.cpp server's is asked
+from ``/props`` (a slot's context times the slots) after a poll that read its backlog, in a timeout of its
+own, until it answers once.  Runs whenever any policy instance reads load (cache_aware included: the Rust
+gateway never polled for a cache_aware-only deployment).
 
 Every worker is polled on its own (``WorkerTasks``: a round starts the polls not still running and waits
 for none), each poll within one timeout for both endpoints, so a worker that hangs delays nobody else's
@@ -20,7 +23,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import orjson
 
@@ -33,6 +36,7 @@ from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import Worker, WorkerStatus
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_BACKLOG = 10**9
 """More running + waiting requests than any engine holds: a report above it is garbage, not a load to route on."""
@@ -166,6 +170,23 @@ def _parse_metrics_body(body: bytes) -> Report:
     return parse_metrics_report(body.decode())  # UnicodeDecodeError is a ValueError
 
 
+def parse_props(body: bytes) -> int | None:
+    """KV tokens of a llama.cpp server from its ``/props``: the context of a slot
+    (``default_generation_settings.n_ctx``) times ``total_slots``; None when either is missing or makes no sense.
+    ValueError when the answer is not a JSON object."""
+    data = orjson.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("not a /props document")
+    settings = data.get("default_generation_settings")
+    n_ctx = _positive_int(settings.get("n_ctx") if isinstance(settings, dict) else None)
+    slots = _positive_int(data.get("total_slots"))
+    return None if n_ctx is None or slots is None else _kv(float(n_ctx * slots), True)
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 class LoadMonitor:
     """Polls each worker on its own: one poll in flight per worker, each within one timeout, none ever raising.
 
@@ -193,6 +214,8 @@ class LoadMonitor:
         """Worker id → "loads" or "metrics", whichever answered last time."""
         self._failing: dict[str, str] = {}
         """Worker id → kind of its failing polls, while they fail (the log line is written on each change)."""
+        self._props_read: set[str] = set()
+        """Workers whose ``/props`` gave an answer (a capacity, or none: never asked again while registered)."""
         self._polls = WorkerTasks("load-poll")
 
     async def run(self) -> None:
@@ -221,6 +244,7 @@ class LoadMonitor:
         for table in (self._source, self._failing):
             for stale in set(table) - polled:
                 del table[stale]
+        self._props_read &= polled
         return [self._polls.start(w.id, functools.partial(self._poll_task, w)) for w in workers]
 
     async def poll_all(self) -> None:
@@ -246,10 +270,14 @@ class LoadMonitor:
         else:
             load = report.backlog
             if self._registry.get(worker.id) is worker:  # not removed while we were polling
-                self._loads.record(worker.id, load, at=time.monotonic(), kv_tokens=report.kv_tokens, inflight=inflight)
+                self._loads.record(worker.id, load, at=time.monotonic(), inflight=inflight)
                 self._metrics.worker_backend_load.labels(worker.url, worker.role).set(load)
                 if self._failing.pop(worker.id, None) is not None:
                     log.info("worker %s load poll recovered", worker.url)
+                if report.kv_tokens is not None:
+                    self._record_kv(worker, report.kv_tokens)
+                elif self._source.get(worker.id) == "metrics" and worker.id not in self._props_read:
+                    await self._read_props(worker)
             return load
         if self._registry.get(worker.id) is worker:  # a removed worker's series stay gone
             self._metrics.worker_poll_errors.labels(worker.url, kind).inc()
@@ -293,7 +321,32 @@ class LoadMonitor:
         self._source[worker.id] = "metrics"
         return load
 
-    async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], Report], deadline: float) -> Report:
+    async def _read_props(self, worker: Worker) -> None:
+        """A llama.cpp server's KV tokens from ``/props`` (its ``/metrics`` has none), after the backlog was recorded
+        and within a timeout of its own, asked at each poll until it answers once (a capacity, or none: a server
+        without the figure is asked no more).  Never fails the poll."""
+        deadline = asyncio.get_running_loop().time() + self._settings.timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                tokens = await self._fetch(worker, "/props", parse_props, deadline)
+        except ProbeError as e:
+            if e.kind not in ("http_status", "bad_payload"):
+                return  # out of time or no connection: next poll
+            tokens = None
+        except TimeoutError:
+            return
+        if self._registry.get(worker.id) is not worker:
+            return
+        self._props_read.add(worker.id)
+        if tokens is not None:
+            log.info("worker %s: %d KV tokens from /props", worker.url, tokens)
+            self._record_kv(worker, tokens)
+
+    def _record_kv(self, worker: Worker, tokens: int) -> None:
+        self._loads.record_kv(worker.id, tokens)
+        self._metrics.worker_kv_capacity.labels(worker.url, worker.role).set(tokens)
+
+    async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], T], deadline: float) -> T:
         seconds = deadline - asyncio.get_running_loop().time()
         if seconds <= 0:
             raise ProbeError("timeout", f"no answer within {self._settings.timeout}s")

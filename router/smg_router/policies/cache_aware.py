@@ -70,7 +70,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
-from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_two, within_gate
+from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_ranked, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -222,15 +222,16 @@ class CacheAwarePolicy(Policy):
     def _place_new(
         self, workers: Sequence[Worker], ok: Sequence[bool], key_text: str, tree: RadixTree, size: int
     ) -> int:
-        """A miss: the rendezvous choice, or the second-ranked worker when the first has no room left for the
-        prompt under its KV cap and the second has (module docstring, 4)."""
+        """A miss: the best-ranked of the first ``placement_choices`` workers (0: all) whose share of the tree has
+        room left for the prompt under its KV cap, or the first-ranked when none has (module docstring, 4)."""
         s = self.ctx.settings
-        if s.placement_choices < 2:
+        if s.placement_choices == 1:
             return self._place(workers, ok, key_text)
-        first, second = rendezvous_two(workers, ok, placement_key(key_text, s.placement_prefix_chars))
-        if second is None or not self._sees_the_traffic() or self._has_room(tree, workers[first].url, size):
-            return first
-        return second if self._has_room(tree, workers[second].url, size) else first
+        key = placement_key(key_text, s.placement_prefix_chars)
+        ranked = rendezvous_ranked(workers, ok, key, s.placement_choices or len(workers))
+        if len(ranked) == 1 or not self._sees_the_traffic():
+            return ranked[0]
+        return next((i for i in ranked if self._has_room(tree, workers[i].url, size)), ranked[0])
 
     def _sees_the_traffic(self) -> bool:
         """Whether this router sends most of the fleet's backlog (``LoadView.own_share`` at least ALONE_SHARE, or

@@ -33,21 +33,12 @@ def within_gate(loads: Sequence[int], settings: PolicySettings) -> list[bool]:
     return [not (x - lo > abs_t and x > lo * rel_t) for x in loads]
 
 
-def rendezvous_two(workers: Sequence[Worker], ok: Sequence[bool], key: bytes) -> tuple[int, int | None]:
-    """Indices of the workers that rank first and second for ``key`` among those with ``ok`` (None for the
-    second when only one is)."""
-    best = second = None
-    best_score = second_score = -1
-    for i, w in enumerate(workers):
-        if ok[i]:
-            score = rendezvous_score(key, w.id)
-            if score > best_score:
-                second, second_score = best, best_score
-                best, best_score = i, score
-            elif score > second_score:
-                second, second_score = i, score
-    assert best is not None, "the least loaded worker is always within the gate"
-    return best, second
+def rendezvous_ranked(workers: Sequence[Worker], ok: Sequence[bool], key: bytes, count: int) -> list[int]:
+    """Indices of the ``count`` workers that rank highest for ``key`` among those with ``ok``, best first
+    (fewer when fewer are ``ok``; the least loaded always is, so never none)."""
+    scored = sorted(((rendezvous_score(key, w.id), i) for i, w in enumerate(workers) if ok[i]), reverse=True)
+    assert scored, "the least loaded worker is always within the gate"
+    return [i for _, i in scored[:count]]
 
 
 def rendezvous_pick(workers: Sequence[Worker], ok: Sequence[bool], key: bytes) -> int:

@@ -41,7 +41,7 @@ class LoadView:
     def record(
         self, worker_id: str, load: int, *, at: float | None = None, kv_tokens: int | None = None, inflight: int = 0
     ) -> None:
-        """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one.
+        """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one (``record_kv``).
         ``inflight``: this router's in-flight count for the worker when the poll was sent (in the backlog)."""
         self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight)
         ours, seen = self._shares.get(worker_id, (0.0, 0.0))
@@ -50,7 +50,11 @@ class LoadView:
         self._ours += new[0] - ours
         self._seen += new[1] - seen
         if kv_tokens is not None:
-            self._kv_tokens[worker_id] = kv_tokens
+            self.record_kv(worker_id, kv_tokens)
+
+    def record_kv(self, worker_id: str, tokens: int) -> None:
+        """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``)."""
+        self._kv_tokens[worker_id] = tokens
 
     def forget(self, worker_id: str) -> None:
         self._entries.pop(worker_id, None)

@@ -61,12 +61,13 @@ def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order()
         assert b.select(wb, RouteRequest("m", text[:200] + " another question"), NOW).url == placed_a[text]
 
 
-@pytest.mark.parametrize("choices", [2, 1])
-def test_a_new_group_skips_a_first_choice_with_no_kv_room_left_for_one_with_room(choices: int) -> None:
-    """Placement accounts for what each worker holds: a miss whose first-ranked worker's tree share cannot take
-    the prompt under its KV cap goes to the second-ranked worker when that one's can (``--placement-choices 2``,
-    the default); with 1 it always goes to the first; and where neither has room, to the first."""
-    from smg_router.policies.placement import placement_key, rendezvous_two
+@pytest.mark.parametrize("choices", [0, 4, 2, 1])
+def test_a_new_group_skips_first_choices_with_no_kv_room_left_for_the_best_ranked_with_room(choices: int) -> None:
+    """Placement accounts for what each worker holds: a miss goes to the best-ranked of the first
+    ``--placement-choices`` workers whose tree share can take the prompt under its KV cap (0, the default: all of
+    them; 2: the second when the first is full); with 1 it always goes to the first; where none of them has
+    room, to the first."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0, placement_choices=choices)
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
@@ -78,25 +79,27 @@ def test_a_new_group_skips_a_first_choice_with_no_kv_room_left_for_one_with_room
     def group(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # 403 chars: two fit in 1000, three do not
 
-    ranks = {i: rendezvous_two(workers, [True] * 4, placement_key(group(i), 1024)) for i in range(400)}
+    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
+    assert all(sorted(r) == [0, 1, 2, 3] for r in ranks.values())
     home = workers[0]
-    mine = [i for i, (first, _) in ranks.items() if first == 0]
+    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
     for i in mine[:2]:  # two groups fill the first worker's share as far as a third cannot fit
         assert p.select(workers, RouteRequest("m", group(i)), NOW) is home
     third = mine[2]
-    second = workers[ranks[third][1]]  # type: ignore[index]
+    second = workers[ranks[third][1]]
     got = p.select(workers, RouteRequest("m", group(third)), NOW)
-    assert got is (second if choices == 2 else home)
+    assert got is (home if choices == 1 else second)
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 3
     # the group stays where it went: its next request is a hit there
     assert p.select(workers, RouteRequest("m", group(third) + " a question"), NOW) is got
     if choices == 1:
         return
-    # where the second-ranked worker has no room either, the first keeps it
+    # the second-ranked worker is full too: the third-ranked takes it if it may be chosen, else the first keeps it
     tree = p._trees["m"]
     tree.insert("x" * 999, second.url)
     fourth = next(i for i in mine[3:] if ranks[i][1] == ranks[third][1])
-    assert p.select(workers, RouteRequest("m", group(fourth)), NOW) is home
+    got = p.select(workers, RouteRequest("m", group(fourth)), NOW)
+    assert got is (home if choices == 2 else workers[ranks[fourth][2]])
 
 
 def test_placement_depends_on_the_leading_chars_only(env: Env) -> None:
@@ -439,15 +442,14 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
 
     d = PolicySettings()
     assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_abs_threshold) == (1024, 3.0, 4)
-    assert d.placement_choices == 2
+    assert d.placement_choices == 0
     monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
     monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
     monkeypatch.setenv("SMG_PLACEMENT_CHOICES", "1")
     got = parse_settings([]).policy
     assert (got.placement_prefix_chars, got.tree_chars_per_token, got.placement_choices) == (256, 1.0, 1)
     for bad in (
-        ["--placement-choices", "3"],
-        ["--placement-choices", "0"],
+        ["--placement-choices", "-1"],
         ["--placement-prefix-chars", "0"],
         ["--tree-chars-per-token", "-1"],
         ["--tree-chars-per-token", "nan"],
@@ -485,7 +487,7 @@ def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_repli
     show it sends under ALONE_SHARE of the fleet's backlog places every miss on the first-ranked worker (what
     every replica computes alike), and judges room again once it sends most of the backlog."""
     from smg_router.policies.cache_aware import ALONE_SHARE
-    from smg_router.policies.placement import placement_key, rendezvous_two
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
@@ -499,8 +501,8 @@ def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_repli
     def group(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
 
-    ranks = {i: rendezvous_two(workers, [True] * 4, placement_key(group(i), 1024)) for i in range(400)}
-    mine = [i for i, (first, _) in ranks.items() if first == 0]
+    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
+    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
     for i in mine[:2]:  # the first worker's share is full
         assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]
     for _ in range(20):
@@ -512,7 +514,7 @@ def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_repli
         poll(4, 4)  # the other replicas left: all of the backlog is ours
     share = env.loads.own_share()
     assert share is not None and share > ALONE_SHARE
-    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[ranks[mine[3]][1]]  # type: ignore[index]
+    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[ranks[mine[3]][1]]
 
 
 def test_a_routers_share_of_the_backlog_follows_the_polls_and_forgets_what_left() -> None:

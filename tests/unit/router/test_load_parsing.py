@@ -188,3 +188,20 @@ def test_a_kv_capacity_that_makes_no_sense_is_left_out_and_the_backlog_still_cou
     report = parse_metrics_report(text)
     assert report.backlog == 1
     assert report.kv_tokens is None or 0 < report.kv_tokens <= 10**12, report
+
+
+def test_a_llamacpp_servers_kv_capacity_is_its_slot_context_times_its_slots() -> None:
+    from smg_router.fleet.load_monitor import parse_props
+
+    props = {"default_generation_settings": {"n_ctx": 4096, "params": {}}, "total_slots": 2, "model_alias": "m"}
+    assert parse_props(json.dumps(props).encode()) == 8192
+    partial = [{"total_slots": 2}, {"default_generation_settings": {"n_ctx": 4096}}]
+    partial.append({"default_generation_settings": []})
+    for bad in partial:
+        assert parse_props(json.dumps(bad).encode()) is None
+    for n_ctx, slots in ((0, 2), (4096, 0), (-1, 2), (4096.5, 2), (True, 2), ("4096", 2), (10**12, 2)):
+        doc = {"default_generation_settings": {"n_ctx": n_ctx}, "total_slots": slots}
+        assert parse_props(json.dumps(doc).encode()) is None, (n_ctx, slots)
+    for garbage in (b"[]", b"not json", b'"props"'):
+        with pytest.raises(ValueError):
+            parse_props(garbage)

@@ -43,7 +43,7 @@ class Reference:
         self.loop_lag = self.loop_lag_family  # unlabelled: the metric is its own series
 
     def forget_worker(self, worker: str, role: str) -> None:
-        for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_healthy):
+        for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_kv_capacity, self.worker_healthy):
             gauge.remove(worker, role)
         self.worker_poll_errors.remove_by_labels({"worker": worker})
 
@@ -183,7 +183,7 @@ def test_families_lists_every_metric_in_exposition_order() -> None:
     names = [f.name for f in m.families]
     exposed = [line.split()[2] for line in m.exposition().decode().splitlines() if line.startswith("# TYPE")]
     assert [n.removesuffix("_total") for n in exposed] == names
-    assert len(names) == len(set(names)) == 20
+    assert len(names) == len(set(names)) == 21
 
 
 _value = st.one_of(
@@ -201,6 +201,7 @@ _op = st.one_of(
     st.builds(lambda w: lambda m: m.worker_inflight.labels(w, "regular").inc(), _worker),
     st.builds(lambda w: lambda m: m.worker_inflight.labels(w, "regular").dec(), _worker),
     st.builds(lambda w: lambda m: m.worker_backend_load.labels(w, "decode").set(3.5), _worker),
+    st.builds(lambda w: lambda m: m.worker_kv_capacity.labels(w, "regular").set(8192), _worker),
     st.builds(lambda w: lambda m: m.forget_worker(w, "regular"), _worker),
     st.builds(lambda w: lambda m: m.worker_inflight.remove(w, "regular"), _worker),
 )

@@ -156,6 +156,34 @@ async def test_a_garbage_report_is_counted_as_a_bad_payload_and_the_monitor_poll
     assert f.errors(GOOD, "bad_payload") == 0
 
 
+LLAMACPP_METRICS = (200, b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+
+
+async def test_a_llamacpp_servers_kv_capacity_is_read_once_from_its_props() -> None:
+    """llama.cpp's /metrics has no KV capacity: the monitor asks /props (slot context x slots) until it answers
+    once, keeps what it said, and a /props that has none (or is missing) is asked no more; the backlog counts
+    either way."""
+    llama, other = GOOD, BAD
+    f = _fleet(llama, other)
+    for url in (llama, other):
+        f.probes.script[url + "/v1/loads"] = (404, b"not found")
+        f.probes.script[url + "/metrics"] = LLAMACPP_METRICS
+    f.probes.script[llama + "/props"] = HANG  # first polls run out of time: asked again
+    f.probes.script[other + "/props"] = (404, b"not found")
+    await f.monitor.poll_all()
+    assert f.loads.backend(f.workers[llama].id) == 1 and f.loads.kv_tokens(f.workers[llama].id) is None
+    f.probes.script[llama + "/props"] = (200, b'{"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2}')
+    for _ in range(3):
+        await f.monitor.poll_all()
+    assert f.loads.kv_tokens(f.workers[llama].id) == 8192
+    gauge = f.metrics.registry.get_sample_value("smg_worker_kv_capacity_tokens", {"worker": llama, "role": "regular"})
+    assert gauge == 8192
+    assert f.probes.asked[llama + "/props"] == 2
+    assert f.probes.asked[other + "/props"] == 1 and f.loads.kv_tokens(f.workers[other].id) is None
+    assert f.loads.backend(f.workers[other].id) == 1
+    assert f.errors(llama, "timeout") == 0  # the backlog was read: a slow /props fails no poll
+
+
 async def test_an_unexpected_error_polling_one_worker_neither_ends_the_monitor_nor_stops_the_others() -> None:
     f = _fleet(GOOD, BAD)
     f.probes.script[BAD + "/v1/loads"] = RuntimeError("a bug while polling")
