@@ -18,3 +18,8 @@ for f in 0 2; do
       --out $out/w-c$c-f$f.json
   done
 done
+# 2, 4 and 8 replicas at the new default (64907b6), the same six fleets
+for f in 0 2 6 8 9 13; do
+  .venv/bin/python bench/routing/run.py --workload shared_prefix --targets smg:cache_aware --replicas 2,4,8 \
+    --loads 0.8 --seed 1 --fleet-seed $f --router-arg=--tree-chars-per-token=1 --out $out/multi-f$f.json
+done
