@@ -109,7 +109,7 @@ class Relay:
     ) -> wire.StreamResponse:
         """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
         out = wire.StreamResponse(status=upstream.status, headers=headers)
-        await out.prepare(request)
+        await out.prepare(request, hold=upstream.waiting())  # the body is here: the head goes with it, one write
         task = asyncio.current_task()
         assert task is not None
         self._streams.add(task)
@@ -150,7 +150,8 @@ class Relay:
                     ttft = time.perf_counter() - req.started
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
                 try:
-                    await out.write(chunk)  # waits while the client is slow: backpressure
+                    # waits while the client is slow (backpressure); the body's end goes with its last bytes
+                    await out.write(chunk, last=upstream.finished())
                 except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
                     req.client_gone = True
                     return out

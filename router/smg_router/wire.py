@@ -293,48 +293,61 @@ class Response:
 
 
 class StreamResponse(Response):
-    """An answer streamed as it is made: ``prepare`` sends the head, ``write`` each chunk, ``write_eof`` the end."""
+    """An answer streamed as it is made: ``prepare`` sends the head, ``write`` each chunk, ``write_eof`` the end.
 
-    __slots__ = ("_chunked", "_request", "eof")
+    Each is one socket write; ``prepare(hold=True)`` keeps the head for the first write and ``write(last=True)``
+    ends the body with the chunk, for a caller that already has what comes next (a write to a loopback or LAN
+    socket costs as much as the router's own work on a chunk).
+    """
+
+    __slots__ = ("_chunked", "_held", "_request", "eof")
 
     def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(status=status, headers=headers)
         self._request: Request | None = None
         self._chunked = False
+        self._held = b""
+        """The head, while ``prepare(hold=True)`` kept it for the first write."""
         self.eof = False
 
-    async def prepare(self, request: Request) -> None:
+    async def prepare(self, request: Request, *, hold: bool = False) -> None:
+        """Send the head, or with ``hold`` keep it to go out with the first ``write`` or ``write_eof``."""
         if self.prepared:
             return
         self._request = request
         head = self.encode_head(request, length=None)
         self._chunked = "Content-Length" not in self.headers and request.version >= (1, 1)
         self.prepared = True
-        request._conn.write(head)
+        if hold:
+            self._held = head
+        else:
+            request._conn.write(head)
 
-    async def write(self, data: bytes) -> None:
-        """Send a chunk; waits while the client is slow; ``ConnectionResetError`` once it is gone."""
+    async def write(self, data: bytes, *, last: bool = False) -> None:
+        """Send a chunk (``last``: and the end of the body); waits while the client is slow;
+        ``ConnectionResetError`` once it is gone."""
         assert self._request is not None, "prepare() first"
         conn = self._request._conn
         if conn.closed:
             raise ConnectionResetError("the client closed the connection")
-        if not data:
+        if not data and not last:
             return
-        conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-        if conn.write_paused:
+        out = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked and data else data
+        if last:
+            self.eof = True
+            if self._chunked:
+                out += b"0\r\n\r\n"
+        if self._held:
+            out, self._held = self._held + out, b""
+        conn.write(out)
+        if last or conn.write_paused:
             await conn.drain()
 
     async def write_eof(self) -> None:
         if self.eof:
             return
         assert self._request is not None, "prepare() first"
-        self.eof = True
-        conn = self._request._conn
-        if conn.closed:
-            raise ConnectionResetError("the client closed the connection")
-        if self._chunked:
-            conn.write(b"0\r\n\r\n")
-        await conn.drain()
+        await self.write(b"", last=True)
 
     async def send(self, request: Request) -> None:
         """A stream its handler left unfinished ends here."""

@@ -318,6 +318,14 @@ class LeanResponse:
             return b""
         return chunk
 
+    def waiting(self) -> bool:
+        conn = self._conn
+        return bool(conn.chunks) or conn.complete or conn.error is not None
+
+    def finished(self) -> bool:
+        conn = self._conn
+        return conn.complete and not conn.chunks and conn.error is None
+
     async def chunks(self) -> AsyncIterator[bytes]:
         while chunk := await self.next_chunk():
             yield chunk

@@ -55,6 +55,12 @@ class SessionResponse:
             self._resp.release()
         return chunk
 
+    def waiting(self) -> bool:
+        return False  # aiohttp's reader does not say without reading
+
+    def finished(self) -> bool:
+        return False
+
     async def chunks(self) -> AsyncIterator[bytes]:
         while chunk := await self.next_chunk():
             yield chunk

@@ -313,3 +313,50 @@ async def test_the_request_target_is_split_and_decoded(target: str, path: str, q
         status, _, body = await read_answer(reader)
         assert status == 200 and json.loads(body)["path"] == path and json.loads(body)["q"] == query
         writer.close()
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_a_held_head_and_a_last_chunk_go_out_in_fewer_writes_as_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """``prepare(hold=True)`` sends the head with the first chunk and ``write(last=True)`` the body's end with the
+    last one: 2 socket writes instead of 4 for a stream of two chunks, and the client reads the same answer."""
+    writes: list[bytes] = []
+    real = server_module._Connection.write
+
+    def recording(self: server_module._Connection, data: bytes) -> None:
+        writes.append(data)
+        real(self, data)
+
+    monkeypatch.setattr(server_module._Connection, "write", recording)
+
+    async def handler(request: Request) -> Response:
+        lean = request.path == "/lean"
+        out = StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request, hold=lean)
+        await out.write(b"data: 0\n\n")
+        await out.write(b"data: 1\n\n", last=lean)
+        await out.write_eof()
+        return out
+
+    server = Server(handler, max_body=100)  # type: ignore[arg-type]
+    listener = await server.listen("127.0.0.1", 0)
+    answers, counts = {}, {}
+    try:
+        for path in ("/plain", "/lean"):
+            writes.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.sockets[0].getsockname()[1])
+            writer.write(f"GET {path} HTTP/{version}\r\nHost: x\r\n\r\n".encode())
+            status, headers, body = await read_answer(reader)
+            if version == "1.0":  # no chunked encoding: the body runs to the close
+                body = await reader.read()
+                assert "transfer-encoding" not in headers
+            else:
+                assert headers["transfer-encoding"] == "chunked"
+            answers[path] = (status, headers.get("content-type"), body)
+            counts[path] = len([w for w in writes if w])
+            writer.close()
+    finally:
+        await server.shutdown(0.1)
+    assert answers["/lean"] == answers["/plain"] == (200, "text/event-stream", b"data: 0\n\ndata: 1\n\n")
+    assert counts == ({"/plain": 4, "/lean": 2} if version == "1.1" else {"/plain": 3, "/lean": 2})
