@@ -170,17 +170,24 @@ def _parse_metrics_body(body: bytes) -> Report:
     return parse_metrics_report(body.decode())  # UnicodeDecodeError is a ValueError
 
 
-def parse_props(body: bytes) -> int | None:
-    """KV tokens of a llama.cpp server from its ``/props``: the context of a slot
-    (``default_generation_settings.n_ctx``) times ``total_slots``; None when either is missing or makes no sense.
-    ValueError when the answer is not a JSON object."""
+class Slots(NamedTuple):
+    """A llama.cpp server's KV: ``tokens`` in all, in ``slots`` slots that each keep one prompt."""
+
+    tokens: int
+    slots: int
+
+
+def parse_props(body: bytes) -> Slots | None:
+    """KV of a llama.cpp server from its ``/props``: ``total_slots`` slots of ``default_generation_settings.n_ctx``
+    tokens each; None when either is missing or makes no sense.  ValueError when the answer is not a JSON object."""
     data = orjson.loads(body)
     if not isinstance(data, dict):
         raise ValueError("not a /props document")
     settings = data.get("default_generation_settings")
     n_ctx = _positive_int(settings.get("n_ctx") if isinstance(settings, dict) else None)
     slots = _positive_int(data.get("total_slots"))
-    return None if n_ctx is None or slots is None else _kv(float(n_ctx * slots), True)
+    tokens = None if n_ctx is None or slots is None else _kv(float(n_ctx * slots), True)
+    return None if tokens is None or slots is None else Slots(tokens, slots)
 
 
 def _positive_int(value: object) -> int | None:
@@ -328,22 +335,22 @@ class LoadMonitor:
         deadline = asyncio.get_running_loop().time() + self._settings.timeout
         try:
             async with asyncio.timeout_at(deadline):
-                tokens = await self._fetch(worker, "/props", parse_props, deadline)
+                kv = await self._fetch(worker, "/props", parse_props, deadline)
         except ProbeError as e:
             if e.kind not in ("http_status", "bad_payload"):
                 return  # out of time or no connection: next poll
-            tokens = None
+            kv = None
         except TimeoutError:
             return
         if self._registry.get(worker.id) is not worker:
             return
         self._props_read.add(worker.id)
-        if tokens is not None:
-            log.info("worker %s: %d KV tokens from /props", worker.url, tokens)
-            self._record_kv(worker, tokens)
+        if kv is not None:
+            log.info("worker %s: %d KV tokens in %d slots from /props", worker.url, kv.tokens, kv.slots)
+            self._record_kv(worker, kv.tokens, slots=kv.slots)
 
-    def _record_kv(self, worker: Worker, tokens: int) -> None:
-        self._loads.record_kv(worker.id, tokens)
+    def _record_kv(self, worker: Worker, tokens: int, *, slots: int | None = None) -> None:
+        self._loads.record_kv(worker.id, tokens, slots=slots)
         self._metrics.worker_kv_capacity.labels(worker.url, worker.role).set(tokens)
 
     async def _fetch(self, worker: Worker, path: str, parse: Callable[[bytes], T], deadline: float) -> T:

@@ -67,6 +67,7 @@ tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
@@ -98,6 +99,10 @@ class CacheAwarePolicy(Policy):
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
+        self._held: dict[str, OrderedDict[bytes, None]] = {}
+        """worker url -> placement keys of the last prompts this router sent it, oldest first, at most one per slot,
+        for a worker whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold.
+        Dropped by ``sync`` when the worker leaves."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
@@ -113,6 +118,7 @@ class CacheAwarePolicy(Policy):
                 seen = (self._syncs if tree is not None and tree.tenant_sizes() else 0, now)
             joined[w.url] = seen
         self._joined = joined
+        self._held = {url: keys for url, keys in self._held.items() if url in joined}
         if self._joined:
             first = min(r for r, _ in self._joined.values())
             ends = [at for r, at in self._joined.values() if r > first]
@@ -155,6 +161,7 @@ class CacheAwarePolicy(Policy):
             return chosen.url
 
         tree.match_and_insert(text, choose)
+        self._hold(chosen, req)
         return chosen
 
     def pinned(self, worker: Worker, req: RouteRequest) -> None:
@@ -164,6 +171,20 @@ class CacheAwarePolicy(Policy):
             tree = self._trees[req.model] = RadixTree()
             self.fallback(req.model, "no_tree")
         tree.insert(req.text, worker.url)
+        self._hold(worker, req)
+
+    def _hold(self, worker: Worker, req: RouteRequest) -> None:
+        """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
+        keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused."""
+        slots = self.ctx.loads.slots(worker.id)
+        if slots is None:
+            return
+        key = placement_key(req.text[: req.head or len(req.text)], self.ctx.settings.placement_prefix_chars)
+        held = self._held.setdefault(worker.url, OrderedDict())
+        held[key] = None
+        held.move_to_end(key)
+        while len(held) > slots:
+            held.popitem(last=False)
 
     def _choose_by_match(
         self,
@@ -231,7 +252,7 @@ class CacheAwarePolicy(Policy):
         ranked = rendezvous_ranked(workers, ok, key, s.placement_choices or len(workers))
         if len(ranked) == 1 or not self._sees_the_traffic():
             return ranked[0]
-        return next((i for i in ranked if self._has_room(tree, workers[i].url, size)), ranked[0])
+        return next((i for i in ranked if self._has_room(tree, workers[i], size, key)), ranked[0])
 
     def _sees_the_traffic(self) -> bool:
         """Whether this router sends most of the fleet's backlog (``LoadView.own_share`` at least ALONE_SHARE, or
@@ -239,10 +260,17 @@ class CacheAwarePolicy(Policy):
         share = self.ctx.loads.own_share()
         return share is None or share >= ALONE_SHARE
 
-    def _has_room(self, tree: RadixTree, tenant: str, size: int) -> bool:
-        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room)."""
-        cap = self.tenant_cap(tenant)
-        return cap is None or tree.tenant_size(tenant) + size <= cap
+    def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: bytes) -> bool:
+        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room), and
+        for an engine that keeps one prompt per slot, whether a slot is free for the prompt's key (or holds it):
+        such an engine caches the last prompt of each slot, however short, so chars alone would count room for
+        more prompts than it keeps (and a held prompt's old questions, which it no longer keeps, as taken)."""
+        slots = self.ctx.loads.slots(worker.id)
+        if slots is not None:
+            held = self._held.get(worker.url, ())
+            return key in held or len(held) < slots
+        cap = self.tenant_cap(worker.url)
+        return cap is None or tree.tenant_size(worker.url) + size <= cap
 
     def _warming(self, workers: Sequence[Worker], tree: RadixTree) -> set[int]:
         """The newcomers still warming up: joined after the fleet's first workers (the router's own start is no

@@ -26,13 +26,15 @@ class LoadView:
     counts a ``no_load_data`` fallback).
     """
 
-    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "max_age")
+    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "_slots", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
         self._entries: dict[str, tuple[int, float, int]] = {}
         """worker id -> (backend running + waiting, when polled, this router's in-flight when the poll went out)"""
         self._kv_tokens: dict[str, int] = {}
+        self._slots: dict[str, int] = {}
+        """worker id -> the slots of an engine that keeps one prompt's KV per slot (llama.cpp)"""
         self._shares: dict[str, tuple[float, float]] = {}
         """worker id -> decayed sums over its polls of (this router's in-flight, the backlog)"""
         self._ours = self._seen = 0.0
@@ -52,13 +54,17 @@ class LoadView:
         if kv_tokens is not None:
             self.record_kv(worker_id, kv_tokens)
 
-    def record_kv(self, worker_id: str, tokens: int) -> None:
-        """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``)."""
+    def record_kv(self, worker_id: str, tokens: int, *, slots: int | None = None) -> None:
+        """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``), and
+        ``slots`` for an engine that keeps the KV of one prompt per slot (llama.cpp's server)."""
         self._kv_tokens[worker_id] = tokens
+        if slots is not None:
+            self._slots[worker_id] = slots
 
     def forget(self, worker_id: str) -> None:
         self._entries.pop(worker_id, None)
         self._kv_tokens.pop(worker_id, None)
+        self._slots.pop(worker_id, None)
         ours, seen = self._shares.pop(worker_id, (0.0, 0.0))
         self._ours -= ours
         self._seen -= seen
@@ -67,6 +73,10 @@ class LoadView:
         """The KV cache capacity in tokens the worker's engine last reported (kept while it answers polls
         without one), or None when it never reported one."""
         return self._kv_tokens.get(worker_id)
+
+    def slots(self, worker_id: str) -> int | None:
+        """How many prompts the worker's engine caches, one per slot, when it is such an engine (else None)."""
+        return self._slots.get(worker_id)
 
     def own_share(self) -> float | None:
         """This router's share of the fleet's backlog over the recent polls: its in-flight requests when each poll

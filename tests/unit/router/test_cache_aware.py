@@ -647,3 +647,33 @@ def test_no_warm_up_for_workers_registered_one_by_one_before_any_traffic(env: En
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == 0
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit") == 40
     assert again == placed
+
+
+def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> None:
+    """llama.cpp keeps one prompt per slot (``LoadView.slots``, from /props): eight groups on four engines of two
+    slots go two to each, whatever the hash says and however few chars they are (the tree's char cap, 8192 a worker,
+    would count room for dozens); once every slot is taken, placement is by rank; a worker that leaves takes its
+    slots' record with it."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = env.factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for w in workers:
+        env.loads.record_kv(w.id, 8192, slots=2)
+
+    def group(i: int) -> str:
+        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90  # 98 chars
+
+    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
+    firsts = [ranks[i][0] for i in range(8)]
+    assert max(firsts.count(w) for w in range(4)) >= 3  # the hash alone would put three or more on one worker
+    placed = [p.select(workers, RouteRequest("m", group(i)), NOW) for i in range(8)]
+    assert sorted(placed.count(w) for w in workers) == [2, 2, 2, 2]
+    for i in range(8):  # each group's next request is a hit where it went; nothing moves
+        assert p.select(workers, RouteRequest("m", group(i) + " a question"), NOW) is placed[i]
+    ninth = p.select(workers, RouteRequest("m", group(8)), NOW)  # every slot taken: by rank
+    assert ninth is workers[ranks[8][0]]
+    p.sync(workers[1:])
+    assert workers[0].url not in p._held

@@ -194,7 +194,7 @@ def test_a_llamacpp_servers_kv_capacity_is_its_slot_context_times_its_slots() ->
     from smg_router.fleet.load_monitor import parse_props
 
     props = {"default_generation_settings": {"n_ctx": 4096, "params": {}}, "total_slots": 2, "model_alias": "m"}
-    assert parse_props(json.dumps(props).encode()) == 8192
+    assert parse_props(json.dumps(props).encode()) == (8192, 2)
     partial = [{"total_slots": 2}, {"default_generation_settings": {"n_ctx": 4096}}]
     partial.append({"default_generation_settings": []})
     for bad in partial:

@@ -175,7 +175,7 @@ async def test_a_llamacpp_servers_kv_capacity_is_read_once_from_its_props() -> N
     f.probes.script[llama + "/props"] = (200, b'{"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2}')
     for _ in range(3):
         await f.monitor.poll_all()
-    assert f.loads.kv_tokens(f.workers[llama].id) == 8192
+    assert f.loads.kv_tokens(f.workers[llama].id) == 8192 and f.loads.slots(f.workers[llama].id) == 2
     gauge = f.metrics.registry.get_sample_value("smg_worker_kv_capacity_tokens", {"worker": llama, "role": "regular"})
     assert gauge == 8192
     assert f.probes.asked[llama + "/props"] == 2
