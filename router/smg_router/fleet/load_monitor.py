@@ -2,10 +2,10 @@
 
 Asks ``GET /v1/loads`` (SGLang) first and falls back to Prometheus ``GET /metrics`` (SGLang, vLLM and
 llama.cpp gauges), remembering per worker which one answered.  The engine's KV capacity (the tree's cap per
-worker) comes with those figures where the engine reports it (SGLang, vLLM); a llama.cpp server's is asked
-from ``/props`` (a slot's context times the slots) after a poll that read its backlog, in a timeout of its
-own, until it answers once.  Runs whenever any policy instance reads load (cache_aware included: the Rust
-gateway never polled for a cache_aware-only deployment).
+worker) comes with those figures where the engine reports it (SGLang, vLLM); a llama.cpp server's (a slot's
+context times the slots) is asked from ``/props`` beside the polls, until each worker has answered once.
+Runs whenever any policy instance reads load (cache_aware included: the Rust gateway never polled for a
+cache_aware-only deployment).
 
 Every worker is polled on its own (``WorkerTasks``: a round starts the polls not still running and waits
 for none), each poll within one timeout for both endpoints, so a worker that hangs delays nobody else's
@@ -223,6 +223,7 @@ class LoadMonitor:
         """Worker id → kind of its failing polls, while they fail (the log line is written on each change)."""
         self._props_read: set[str] = set()
         """Workers whose ``/props`` gave an answer (a capacity, or none: never asked again while registered)."""
+        self._props = WorkerTasks("props-read")
         self._polls = WorkerTasks("load-poll")
 
     async def run(self) -> None:
@@ -241,6 +242,7 @@ class LoadMonitor:
                 await asyncio.sleep(self._settings.interval)
         finally:
             await self._polls.close()
+            await self._props.close()
 
     def start_round(self) -> list[asyncio.Task[None]]:
         """Start a poll of every polled worker that has none running; the tasks of the round, to wait on or not."""
@@ -252,6 +254,9 @@ class LoadMonitor:
             for stale in set(table) - polled:
                 del table[stale]
         self._props_read &= polled
+        for w in workers:
+            if w.id not in self._props_read:
+                _ = self._props.start(w.id, functools.partial(self._read_props, w))
         return [self._polls.start(w.id, functools.partial(self._poll_task, w)) for w in workers]
 
     async def poll_all(self) -> None:
@@ -283,8 +288,6 @@ class LoadMonitor:
                     log.info("worker %s load poll recovered", worker.url)
                 if report.kv_tokens is not None:
                     self._record_kv(worker, report.kv_tokens)
-                elif self._source.get(worker.id) == "metrics" and worker.id not in self._props_read:
-                    await self._read_props(worker)
             return load
         if self._registry.get(worker.id) is worker:  # a removed worker's series stay gone
             self._metrics.worker_poll_errors.labels(worker.url, kind).inc()
@@ -329,9 +332,10 @@ class LoadMonitor:
         return load
 
     async def _read_props(self, worker: Worker) -> None:
-        """A llama.cpp server's KV tokens from ``/props`` (its ``/metrics`` has none), after the backlog was recorded
-        and within a timeout of its own, asked at each poll until it answers once (a capacity, or none: a server
-        without the figure is asked no more).  Never fails the poll."""
+        """A llama.cpp server's KV tokens and slots from ``/props`` (its ``/metrics`` has neither), asked beside the
+        polls (a task of its own per worker, within one timeout: a llama.cpp server busy with a prefill answers
+        ``/props`` but not ``/metrics``) at every round until the worker answers once (a capacity, or none: an
+        engine without the document, SGLang or vLLM, answers 404 once and is asked no more)."""
         deadline = asyncio.get_running_loop().time() + self._settings.timeout
         try:
             async with asyncio.timeout_at(deadline):

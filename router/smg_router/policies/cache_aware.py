@@ -25,18 +25,21 @@ routable workers:
    those within the load gate (the same gate as for hits: one rule for "too busy"; when it rules a worker
    out, fallback ``imbalance``).  Every router replica
    computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
-   to the same worker, and only load moves it.  One exception, for misses (``placement_choices`` 2, the
-   default): when the first-ranked worker's share of the tree has no room left for the prompt under its KV
-   cap and the second-ranked one's has, the second takes it, so a worker that already holds what its
-   engine can cache is not handed one more group while another holds one (over 30 fleets of 4 workers the
-   hash alone put 4-8 of 12 groups on one).  Room is judged from this router's tree, which knows what the
-   engines hold only when this router sends most of their traffic: so only while its polls show it sends at
-   least ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it,
+   to the same worker, and only load moves it.  One exception, for misses (``placement_choices``; 0, the
+   default, looks at every worker): the best-ranked worker whose share of the tree has room left for the
+   prompt under its KV cap takes it (the first-ranked when none has), so a worker that already holds what its
+   engine can cache is not handed one more group while another has room (over 30 fleets of 4 workers the
+   hash alone put 4-8 of 12 groups on one).  An engine that keeps one prompt per slot (llama.cpp, its slots
+   read from ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys
+   of the last prompts sent there, one per slot).  Room is judged from this router's tree, which knows what
+   the engines hold only when this router sends most of their traffic: so only while its polls show it sends
+   at least ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it,
    one of N replicas about 1/N).  One of several replicas places every miss on the first-ranked worker, as
    the others do: a move judged from one replica's partial tree is a move the others do not make, and the
-   group ends up cached twice (with one choice, 8 replicas cache exactly what one does; docs/benchmarks.md,
-   session 10).  Measured on the routing benchmark (session 8): one replica 0.76 -> 0.82 of the tokens
-   cached (oracle 0.88).  Spills keep the first choice within the gate: load decides them.
+   group ends up cached twice (with rank only, 8 replicas cache exactly what one does; docs/benchmarks.md,
+   session 10).  Measured on the routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices,
+   session 8) -> 0.86 (every worker, session 11) of the tokens cached (oracle 0.88).  Spills keep the first
+   choice within the gate: load decides them.
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;

@@ -159,29 +159,39 @@ async def test_a_garbage_report_is_counted_as_a_bad_payload_and_the_monitor_poll
 LLAMACPP_METRICS = (200, b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
 
 
-async def test_a_llamacpp_servers_kv_capacity_is_read_once_from_its_props() -> None:
-    """llama.cpp's /metrics has no KV capacity: the monitor asks /props (slot context x slots) until it answers
-    once, keeps what it said, and a /props that has none (or is missing) is asked no more; the backlog counts
-    either way."""
-    llama, other = GOOD, BAD
-    f = _fleet(llama, other)
-    for url in (llama, other):
+async def test_a_llamacpp_servers_kv_capacity_is_read_once_from_its_props_beside_the_polls() -> None:
+    """llama.cpp's /metrics has no KV capacity: the monitor asks /props (slot context x slots) in a task of its own
+    beside the polls, until the worker answers once, and keeps what it said; a worker without /props (a 404) is
+    asked once.  A /props that hangs delays no poll: a llama.cpp server busy with a prefill answers it while its
+    /metrics waits."""
+    llama, other, busy = GOOD, BAD, HUNG
+    f = _fleet(llama, other, busy)
+    props = (200, b'{"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2}')
+    for url in (llama, other, busy):
         f.probes.script[url + "/v1/loads"] = (404, b"not found")
         f.probes.script[url + "/metrics"] = LLAMACPP_METRICS
-    f.probes.script[llama + "/props"] = HANG  # first polls run out of time: asked again
+    f.probes.script[llama + "/props"] = HANG  # the first asks run out of time: asked again
     f.probes.script[other + "/props"] = (404, b"not found")
-    await f.monitor.poll_all()
-    assert f.loads.backend(f.workers[llama].id) == 1 and f.loads.kv_tokens(f.workers[llama].id) is None
-    f.probes.script[llama + "/props"] = (200, b'{"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2}')
-    for _ in range(3):
-        await f.monitor.poll_all()
+    f.probes.script[busy + "/metrics"] = HANG  # in a long prefill: no poll answers, /props does
+    f.probes.script[busy + "/props"] = props
+    async with running(f.monitor.run, "load-monitor"):
+        await eventually(lambda: f.loads.slots(f.workers[busy].id) == 2, "the busy server's slots")
+        await eventually(lambda: f.probes.asked.get(llama + "/props", 0) >= 2, "a second ask of the hung /props")
+        assert f.loads.backend(f.workers[llama].id) == 1  # polled meanwhile
+        assert f.loads.kv_tokens(f.workers[llama].id) is None
+        f.probes.script[llama + "/props"] = props
+        await eventually(lambda: f.loads.kv_tokens(f.workers[llama].id) is not None, "the capacity")
+        asked = f.probes.asked[llama + "/props"]
+        polled = f.probes.asked[llama + "/metrics"]
+        await eventually(lambda: f.probes.asked[llama + "/metrics"] >= polled + 5, "five more rounds")
+        assert f.probes.asked[llama + "/props"] == asked  # answered once: asked no more
     assert f.loads.kv_tokens(f.workers[llama].id) == 8192 and f.loads.slots(f.workers[llama].id) == 2
     gauge = f.metrics.registry.get_sample_value("smg_worker_kv_capacity_tokens", {"worker": llama, "role": "regular"})
     assert gauge == 8192
-    assert f.probes.asked[llama + "/props"] == 2
-    assert f.probes.asked[other + "/props"] == 1 and f.loads.kv_tokens(f.workers[other].id) is None
+    assert f.probes.asked[other + "/props"] == 1
+    assert f.loads.kv_tokens(f.workers[other].id) is None and f.loads.slots(f.workers[other].id) is None
     assert f.loads.backend(f.workers[other].id) == 1
-    assert f.errors(llama, "timeout") == 0  # the backlog was read: a slow /props fails no poll
+    assert f.errors(llama, "timeout") == 0  # a hung /props fails no poll
 
 
 async def test_an_unexpected_error_polling_one_worker_neither_ends_the_monitor_nor_stops_the_others() -> None:
