@@ -264,10 +264,10 @@ class CacheAwarePolicy(Policy):
         return share is None or share >= ALONE_SHARE
 
     def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: bytes) -> bool:
-        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room), and
-        for an engine that keeps one prompt per slot, whether a slot is free for the prompt's key (or holds it):
-        such an engine caches the last prompt of each slot, however short, so chars alone would count room for
-        more prompts than it keeps (and a held prompt's old questions, which it no longer keeps, as taken)."""
+        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room); for an
+        engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
+        such an engine caches the last prompt of each slot, however short, so chars would count room for more
+        prompts than it keeps (and a held prompt's old questions, which it no longer keeps, as taken)."""
         slots = self.ctx.loads.slots(worker.id)
         if slots is not None:
             held = self._held.get(worker.url, ())
