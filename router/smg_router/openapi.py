@@ -259,8 +259,8 @@ SCHEMAS: dict[str, Schema] = {
                     "minimum": 1,
                     "description": "The engine's usable KV cache in tokens.  When set, the worker's share of the "
                     "cache-aware tree is capped at it times `--tree-chars-per-token`, in place of what the engine "
-                    "reports (`max_total_num_tokens`); set it for an engine that reports none (llama.cpp) or "
-                    "reports more than it keeps for the cache.  Absent or null: the engine's report, if any.",
+                    "reports (`max_total_num_tokens`, llama.cpp's `/props`); set it for an engine that reports none "
+                    "or reports more than it keeps for the cache.  Absent or null: the engine's report, if any.",
                 }
             ),
             "draining": {"description": "Ignored here; PATCH sets it."},
