@@ -1,0 +1,10 @@
+#!/bin/bash
+# The matrix at ffc919c (session 11), quiet machine; run from the repository root.
+set -e
+.venv/bin/python bench/routing/run.py --workload shared_prefix \
+  --targets smg:cache_aware,smg:least_load,smg:round_robin,rust:cache_aware,rust:round_robin \
+  --replicas 1,2,4,8 --loads 0.6,0.8,0.95 --router-arg=--tree-chars-per-token=1 \
+  --out bench/routing/results/ffc919c/shared_prefix.json --plots bench/routing/results/ffc919c
+.venv/bin/python bench/routing/run.py --workload multi_turn,bursty,long,unique \
+  --targets smg:cache_aware,smg:round_robin,rust:cache_aware,rust:round_robin --replicas 1,4 --loads 0.8 \
+  --router-arg=--tree-chars-per-token=1 --out bench/routing/results/ffc919c/others.json --plots bench/routing/results/ffc919c
