@@ -34,12 +34,15 @@ routable workers:
    of the last prompts sent there, one per slot).  Room is judged from this router's tree, which knows what
    the engines hold only when this router sends most of their traffic: so only while its polls show it sends
    at least ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it,
-   one of N replicas about 1/N).  One of several replicas places every miss on the first-ranked worker, as
-   the others do: a move judged from one replica's partial tree is a move the others do not make, and the
-   group ends up cached twice (with rank only, 8 replicas cache exactly what one does; docs/benchmarks.md,
-   session 10).  Measured on the routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices,
-   session 8) -> 0.86 (every worker, session 11) of the tokens cached (oracle 0.88).  Spills keep the first
-   choice within the gate: load decides them.
+   one of N replicas about 1/N); such a router also weighs load among them, since no replica has to agree
+   with it: the best-ranked of them at most ALONE_SLACK requests busier than the least loaded (a new group
+   or a unique prompt goes where it waits least; the group's next requests follow it as hits).  One of
+   several replicas places every miss on the first-ranked worker, as the others do: a move judged from one
+   replica's partial tree is a move the others do not make, and the group ends up cached twice (with rank
+   only, 8 replicas cache exactly what one does; docs/benchmarks.md, session 10).  Measured on the routing
+   benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87
+   (and the slack, session 11) of the tokens cached (oracle 0.88).  Spills keep the first choice within the
+   gate: load decides them.
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
@@ -80,6 +83,9 @@ from smg_router.workers.worker import Worker, worker_id_for
 
 ALONE_SHARE = 0.75
 """The share of the fleet's backlog from which a router judges room from its own tree (module docstring, 4)."""
+ALONE_SLACK = 1
+"""A router that sends most of the backlog places a miss on the best-ranked worker (with room, when any has)
+at most this many requests busier than the least loaded of them (module docstring, 4)."""
 
 
 class CacheAwarePolicy(Policy):
@@ -233,7 +239,7 @@ class CacheAwarePolicy(Policy):
             self.fallback(model, "stale_tenant")
         if not all(ok):
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
-        chosen = self._place_new(workers, ok, key_text, tree, len(text))
+        chosen = self._place_new(workers, loads, ok, key_text, tree, len(text))
         if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
             m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
         m.decisions.labels(model, role, "namespace" if text.startswith(NAMESPACE_MARK) else "miss").inc()
@@ -244,10 +250,18 @@ class CacheAwarePolicy(Policy):
         return rendezvous_pick(workers, ok, placement_key(text, self.ctx.settings.placement_prefix_chars))
 
     def _place_new(
-        self, workers: Sequence[Worker], ok: Sequence[bool], key_text: str, tree: RadixTree, size: int
+        self,
+        workers: Sequence[Worker],
+        loads: Sequence[int],
+        ok: Sequence[bool],
+        key_text: str,
+        tree: RadixTree,
+        size: int,
     ) -> int:
-        """A miss: the best-ranked of the first ``placement_choices`` workers (0: all) whose share of the tree has
-        room left for the prompt under its KV cap, or the first-ranked when none has (module docstring, 4)."""
+        """A miss: among the first ``placement_choices`` ranked workers (0: all), those whose share of the tree has
+        room left for the prompt under its KV cap (all of them when none has), the best-ranked no more than
+        ALONE_SLACK busier than the least loaded of them; by rank alone for one of several replicas (module
+        docstring, 4)."""
         s = self.ctx.settings
         if s.placement_choices == 1:
             return self._place(workers, ok, key_text)
@@ -255,7 +269,9 @@ class CacheAwarePolicy(Policy):
         ranked = rendezvous_ranked(workers, ok, key, s.placement_choices or len(workers))
         if len(ranked) == 1 or not self._sees_the_traffic():
             return ranked[0]
-        return next((i for i in ranked if self._has_room(tree, workers[i], size, key)), ranked[0])
+        roomy = [i for i in ranked if self._has_room(tree, workers[i], size, key)] or ranked
+        least = min(loads[i] for i in roomy)
+        return next(i for i in roomy if loads[i] <= least + ALONE_SLACK)
 
     def _sees_the_traffic(self) -> bool:
         """Whether this router sends most of the fleet's backlog (``LoadView.own_share`` at least ALONE_SHARE, or

@@ -677,3 +677,38 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
     assert ninth is workers[ranks[8][0]]
     p.sync(workers[1:])
     assert workers[0].url not in p._held
+
+
+def test_a_router_that_sends_the_traffic_places_a_miss_where_it_waits_least_among_the_ranked() -> None:
+    """Alone (no share known yet, or most of the backlog), a miss goes to the best-ranked worker at most ALONE_SLACK
+    busier than the least loaded of those with room: nobody else has to agree.  One of several replicas keeps the
+    first-ranked whatever the loads (within the gate), as every replica computes."""
+    from smg_router.policies.cache_aware import ALONE_SHARE, ALONE_SLACK
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(balance_abs_threshold=100)  # the gate rules nobody out: only the slack decides
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = env.factory.create("cache_aware", role="regular")
+    p.sync(workers)
+
+    def ranks(text: str) -> list[int]:
+        return rendezvous_ranked(workers, [True] * 4, placement_key(text, 1024), 4)
+
+    def poll(loads: dict[int, int], ours: int) -> None:
+        for i, w in enumerate(workers):
+            env.loads.record(w.id, loads.get(i, 0), at=NOW, inflight=min(ours, loads.get(i, 0)))
+
+    one, two, three = "one " * 300, "two " * 300, "three " * 200
+    r = ranks(one)
+    poll({r[0]: ALONE_SLACK}, ours=100)  # within the slack of the idle ones: rank decides
+    assert p.select(workers, RouteRequest("m", one), NOW) is workers[r[0]]
+    r = ranks(two)
+    poll({r[0]: ALONE_SLACK + 3, r[1]: ALONE_SLACK + 1}, ours=100)
+    assert p.select(workers, RouteRequest("m", two), NOW) is workers[r[2]]  # the best-ranked idle one
+    for _ in range(30):  # one of four replicas: a quarter of the backlog is ours
+        poll({i: 8 for i in range(4)}, ours=2)
+    r = ranks(three)
+    poll({r[0]: ALONE_SLACK + 3}, ours=0)
+    share = env.loads.own_share()
+    assert share is not None and share < ALONE_SHARE
+    assert p.select(workers, RouteRequest("m", three), NOW) is workers[r[0]]  # by rank, though busier

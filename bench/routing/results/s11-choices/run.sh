@@ -23,3 +23,7 @@ for f in 0 2 6 8 9 13; do
   .venv/bin/python bench/routing/run.py --workload shared_prefix --targets smg:cache_aware --replicas 2,4,8 \
     --loads 0.8 --seed 1 --fleet-seed $f --router-arg=--tree-chars-per-token=1 --out $out/multi-f$f.json
 done
+# the lone router's slack (slack/): the trial ran as an environment switch of the working tree
+# (SMG_TRIAL_SLACK=1, the rule that became ALONE_SLACK in the next commit), same commands as above with
+# the new default, 1 replica: shared_prefix over the six fleets (slack/s-fF.json), the other workloads on
+# fleets 0 and 2 (slack/w-fF.json)
