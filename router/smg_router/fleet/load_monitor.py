@@ -186,8 +186,10 @@ def parse_props(body: bytes) -> Slots | None:
     settings = data.get("default_generation_settings")
     n_ctx = _positive_int(settings.get("n_ctx") if isinstance(settings, dict) else None)
     slots = _positive_int(data.get("total_slots"))
-    tokens = None if n_ctx is None or slots is None else _kv(float(n_ctx * slots), True)
-    return None if tokens is None or slots is None else Slots(tokens, slots)
+    if n_ctx is None or slots is None:
+        return None
+    tokens = _kv(float(n_ctx * slots), True)
+    return None if tokens is None else Slots(tokens, slots)
 
 
 def _positive_int(value: object) -> int | None:

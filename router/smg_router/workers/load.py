@@ -40,10 +40,8 @@ class LoadView:
         self._ours = self._seen = 0.0
         """The same sums over every worker (kept up to date by ``record`` and ``forget``)."""
 
-    def record(
-        self, worker_id: str, load: int, *, at: float | None = None, kv_tokens: int | None = None, inflight: int = 0
-    ) -> None:
-        """A poll's figures: the backlog, and the engine's KV capacity in tokens when it reports one (``record_kv``).
+    def record(self, worker_id: str, load: int, *, at: float | None = None, inflight: int = 0) -> None:
+        """A poll's backlog (the engine's KV capacity comes by ``record_kv``).
         ``inflight``: this router's in-flight count for the worker when the poll was sent (in the backlog)."""
         self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight)
         ours, seen = self._shares.get(worker_id, (0.0, 0.0))
@@ -51,8 +49,6 @@ class LoadView:
         self._shares[worker_id] = new
         self._ours += new[0] - ours
         self._seen += new[1] - seen
-        if kv_tokens is not None:
-            self.record_kv(worker_id, kv_tokens)
 
     def record_kv(self, worker_id: str, tokens: int, *, slots: int | None = None) -> None:
         """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``), and

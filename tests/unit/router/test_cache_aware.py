@@ -74,7 +74,8 @@ def test_a_new_group_skips_first_choices_with_no_kv_room_left_for_the_best_ranke
     p = env.factory.create("cache_aware", role="regular")
     p.sync(workers)
     for w in workers:
-        env.loads.record(w.id, 0, at=NOW, kv_tokens=1000)  # every share capped at 1000 chars
+        env.loads.record(w.id, 0, at=NOW)
+        env.loads.record_kv(w.id, 1000)  # every share capped at 1000 chars
 
     def group(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # 403 chars: two fit in 1000, three do not
@@ -419,7 +420,8 @@ def test_a_workers_tree_share_is_capped_at_its_engines_kv_capacity() -> None:
     env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(2)]
     p = _policy(env, workers)
-    env.loads.record(workers[0].id, 0, at=NOW, kv_tokens=3000)
+    env.loads.record(workers[0].id, 0, at=NOW)
+    env.loads.record_kv(workers[0].id, 3000)
     reg = PolicyRegistry(env.factory, env.settings)
     reg.default = p  # the registry's upkeep over this instance
     first, second = "first prefix " * 160, "second prefix " * 150  # ~2000 chars each
@@ -496,7 +498,8 @@ def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_repli
 
     def poll(backlog: int, ours: int) -> None:
         for w in workers:
-            env.loads.record(w.id, backlog, at=NOW, kv_tokens=1000, inflight=ours)
+            env.loads.record(w.id, backlog, at=NOW, inflight=ours)
+            env.loads.record_kv(w.id, 1000)
 
     def group(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not

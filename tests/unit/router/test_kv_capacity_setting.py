@@ -59,7 +59,8 @@ def test_tenant_cap_prefers_the_setting_over_the_engine_report_and_follows_a_cha
     reg.sync(workers)
     p = reg.default
     for w in workers[:2]:
-        env.loads.record(w.id, 0, at=NOW, kv_tokens=5000)  # the engines report their whole pool
+        env.loads.record(w.id, 0, at=NOW)
+        env.loads.record_kv(w.id, 5000)  # the engines report their whole pool
     assert p.tenant_cap(set_.url) == 2000  # the setting wins, times tree_chars_per_token
     assert p.tenant_cap(reported.url) == 10000  # the engine's report, as before
     assert p.tenant_cap(neither.url) is None  # nothing known: no cap, as before
@@ -84,7 +85,8 @@ def test_the_upkeep_caps_a_tree_share_at_the_setting() -> None:
     worker = _with_capacity(2, 3000)
     reg = PolicyRegistry(env.factory, env.settings)
     reg.sync([worker])
-    env.loads.record(worker.id, 0, at=NOW, kv_tokens=100_000)
+    env.loads.record(worker.id, 0, at=NOW)
+    env.loads.record_kv(worker.id, 100_000)
     p = reg.default
     first, second = "first prefix " * 160, "second prefix " * 150  # ~2000 chars each
     p.select([worker], RouteRequest("m", first), NOW)
