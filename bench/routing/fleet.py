@@ -34,21 +34,24 @@ RUST_LOAD_MONITOR_S = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13)."""
+    """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13);
+    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``."""
 
     kind: str
     policy: str
+    peers: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.policy}"
+        return f"{self.kind}:{self.policy}" + ("+peers" if self.peers else "")
 
     @classmethod
     def parse(cls, text: str) -> Target:
         kind, sep, policy = text.partition(":")
-        if not sep or kind not in ("smg", "rust") or not policy:
-            raise ValueError(f"target {text!r}: expected smg:<policy> or rust:<policy>")
-        return cls(kind, policy)
+        policy, plus, flag = policy.partition("+")
+        if not sep or kind not in ("smg", "rust") or not policy or (plus and (flag != "peers" or kind != "smg")):
+            raise ValueError(f"target {text!r}: expected smg:<policy>[+peers] or rust:<policy>")
+        return cls(kind, policy, bool(plus))
 
 
 def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05) -> None:
@@ -147,8 +150,9 @@ class Launch:
     rust_bin: str = "/tmp/smg-rust/bin/smg"
     router_pythonpath: Path | None = None
 
-    def argv(self, port: int) -> list[str]:
-        """The command line of one replica.  The load poll interval keeps its ratio to simulated time."""
+    def argv(self, port: int, peers: Sequence[int] = ()) -> list[str]:
+        """The command line of one replica (``peers``: the ports of the others, for a ``+peers`` target).  The
+        load poll interval keeps its ratio to simulated time."""
         t = self.target
         if t.kind == "smg":
             return [
@@ -156,6 +160,7 @@ class Launch:
                 *("--policy", t.policy, "--log-level", "warning", "--shutdown-delay", "0"),
                 *("--load-monitor-interval", f"{max(0.05, SMG_LOAD_MONITOR_S * self.time_scale):g}"),
                 *("--worker-urls", *self.workers),
+                *(a for p in (peers if t.peers else ()) for a in ("--peer", f"http://127.0.0.1:{p}")),
                 *self.smg_args,
             ]
         return [
@@ -188,12 +193,16 @@ class Launch:
 def start_replicas(logs: Path, launch: Launch, *, count: int, tag: str) -> list[Router]:
     """``count`` replicas of ``launch.target``, each in front of every worker, all ready."""
     routers: list[Router] = []
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port("127.0.0.1")) not in ports:
+            ports.append(port)
     try:
-        for i in range(count):
-            port = free_port("127.0.0.1")
-            name = f"{tag}-r{i}-{port}".replace(":", "-")
+        for i, port in enumerate(ports):
+            name = f"{tag}-r{i}-{port}".replace(":", "-").replace("+", "-")
+            others = [p for p in ports if p != port]
             router = Router(
-                name=name, args=launch.argv(port), log_path=logs / f"{name}.log", env=launch.env(), port=port
+                name=name, args=launch.argv(port, others), log_path=logs / f"{name}.log", env=launch.env(), port=port
             )
             router.start()
             routers.append(router)

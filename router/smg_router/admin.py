@@ -161,8 +161,50 @@ async def list_workers_compat(request: Request) -> wire.Response:
     return _json({"urls": [w.url for w in _core(request).registry]})
 
 
-MUTATIONS = frozenset({create_worker, patch_worker, put_worker, delete_worker, add_worker_compat, remove_worker_compat})
-"""The handlers that change the fleet: with ``--admin-port`` they answer only there (``app.py``)."""
+# -- peer routers (``peers``) ----------------------------------------------------------------------
+PEER_BODY_LIMIT = 8 * 1024 * 1024
+ROLES = frozenset({"regular", "prefill", "decode"})
+
+
+def _peer_record(i: int, record: object) -> tuple[str, str, str, str, int]:
+    """One ``[role, model, worker url, text, head]`` of a peer's batch, or a 400 naming what is wrong with it."""
+    if not (isinstance(record, list) and len(record) == 5):
+        raise BadRequest(f"records[{i}]: must be [role, model, worker url, text, head]", code="invalid_field")
+    role, model, url, text, head = record
+    if role not in ROLES:
+        raise BadRequest(f"records[{i}]: role must be one of {', '.join(sorted(ROLES))}", code="invalid_field")
+    if not (isinstance(model, str) and isinstance(url, str) and isinstance(text, str)):
+        raise BadRequest(f"records[{i}]: model, worker url and text must be strings", code="invalid_field")
+    if not (type(head) is int and 0 <= head <= len(text)):
+        raise BadRequest(f"records[{i}]: head must be an integer from 0 to the text's length", code="invalid_field")
+    return role, model, url, text, head
+
+
+async def peer_routes(request: Request) -> wire.Response:
+    """``POST /peers/routes``: what a peer router routed, inserted as if this router had (``peers``).  The whole
+    batch is checked before any of it is applied."""
+    core = _authorize(request)
+    data = parse_json_object(await read_body(request, PEER_BODY_LIMIT))
+    sender, records = data.get("from"), data.get("records")
+    if not isinstance(sender, str) or not isinstance(records, list):
+        raise BadRequest("a peer batch is {'from': <router id>, 'records': [...]}", code="invalid_field")
+    if core.peers is not None and sender == core.peers.id:
+        return _json({"self": True})
+    batch = [_peer_record(i, r) for i, r in enumerate(records)]
+    applied = 0
+    for role, model, url, text, head in batch:
+        applied += core.policies.policy_for(role, model).observe(model, url, text, head)
+    m = core.metrics.peer_records_received
+    m.labels("applied").inc(applied)
+    m.labels("ignored").inc(len(batch) - applied)
+    return _json({"applied": applied, "ignored": len(batch) - applied})
+
+
+MUTATIONS = frozenset(
+    {create_worker, patch_worker, put_worker, delete_worker, add_worker_compat, remove_worker_compat, peer_routes}
+)
+"""The handlers that change the fleet (and the peers' routes): with ``--admin-port`` they answer only there
+(``app.py``)."""
 READS = frozenset({list_workers, get_worker, list_workers_compat})
 """The lifecycle reads: served on both ports."""
 
@@ -177,5 +219,6 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/add_worker", add_worker_compat),
     ("POST", "/remove_worker", remove_worker_compat),
     ("GET", "/list_workers", list_workers_compat),
+    ("POST", "/peers/routes", peer_routes),
 ]
 """(method, path, handler) of the lifecycle API, for ``app.Dispatcher``."""

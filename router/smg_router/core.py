@@ -16,6 +16,8 @@ from typing import Any
 from smg_router import wire
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
+from smg_router.peers import PeerSync
+from smg_router.policies.base import NO_PEERS, Peers
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
@@ -39,7 +41,13 @@ class RouterCore:
         self.metrics = Metrics()
         self.loads = LoadView(max_age=settings.load.max_age)
         self.registry = WorkerRegistry()
-        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
+        p = settings.peers
+        self.peers: PeerSync | None = None
+        """The other replicas, told every cache-aware route (``--peer``, ``--peers-dns``); None: no peers."""
+        if p.enabled:
+            self.peers = PeerSync(urls=p.urls, dns=p.dns, admin_key=settings.server.admin_api_key, metrics=self.metrics)
+        told: Peers = self.peers if self.peers is not None else NO_PEERS
+        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, peers=told)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
@@ -105,6 +113,8 @@ class RouterCore:
         self._spawn("smg-load-monitor", self.fleet.load_monitor.run())
         self._spawn("smg-tree-eviction", self._evict_periodically())
         self._spawn("smg-loop-lag", self._measure_loop_lag())
+        if self.peers is not None:
+            self._spawn("smg-peer-sync", self.peers.run())
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -403,6 +403,20 @@ class Metrics:
             ("worker", "kind"),
             registry=r,
         )
+        self.peer_records_sent = CounterFamily(
+            "smg_peer_records_sent",
+            "Routes told to a peer router (--peer, --peers-dns), by outcome: sent (acknowledged), failed (the batch "
+            "did not reach it: dropped, not retried), dropped (its queue was full)",
+            ("peer", "outcome"),
+            registry=r,
+        )
+        self.peer_records_received = CounterFamily(
+            "smg_peer_records_received",
+            "Routes peer routers told this one, by outcome: applied (inserted in the tree), ignored (a policy "
+            "without a tree, or a worker this router does not serve)",
+            ("outcome",),
+            registry=r,
+        )
         self.families: tuple[Family[Any], ...] = tuple(v for v in vars(self).values() if isinstance(v, Family))
         """Every family in registration (= exposition) order, for tests and tools."""
 
@@ -419,6 +433,16 @@ class Metrics:
                 "This router's share of the workers' polled backlog (its in-flight requests at each poll over the "
                 "running + waiting the engines report, over the last ~10 polls): about 1 for a router alone, 1/N for "
                 "one of N replicas; below 0.75 cache-aware placement stops judging KV room from this router's tree",
+                source,
+            )
+        )
+
+    def add_peers_in_sync_source(self, source: Callable[[], float | None]) -> None:
+        self.registry.register(
+            _ScrapeGauge(
+                "smg_peers_in_sync",
+                "1 while every peer router acknowledged the routes it was told within the last few seconds (then "
+                "cache-aware placement judges KV room from this router's tree, which holds every replica's routes)",
                 source,
             )
         )

@@ -203,6 +203,21 @@ def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None)
     return tuple(resolved.items())
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerSettings:
+    """The other replicas of this router, told every route so that each one's tree holds the fleet's (``peers``)."""
+
+    urls: tuple[str, ...] = ()
+    """Base URLs of peer routers (their admin port when they have one)."""
+    dns: str | None = None
+    """HOST:PORT of a name listing every replica's address (a headless Service), resolved again every few
+    seconds; this router's own address in it is recognised and skipped."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.urls or self.dns)
+
+
 PD_MODES = ("sglang", "vllm")
 """How the KV moves from prefill to decode: SGLang's bootstrap rooms, or vLLM's ``kv_transfer_params``."""
 
@@ -229,6 +244,7 @@ class Settings:
     retry: RetrySettings = field(default_factory=RetrySettings)
     pd: PDSettings = field(default_factory=PDSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
+    peers: PeerSettings = field(default_factory=PeerSettings)
     worker_urls: tuple[str, ...] = ()
     model_id: str | None = None
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
@@ -409,6 +425,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=_entries(_env("model-alias", "")),
         help="a model name clients may use for a served model; repeatable (SMG_MODEL_ALIAS: comma separated)",
     )
+    p.add_argument(
+        "--peer",
+        action="append",
+        metavar="URL",
+        default=_entries(_env("peer", "")),
+        help="another replica of this router (its admin port when it has one), told every route so that both trees "
+        "hold what the fleet was sent; repeatable (SMG_PEER: comma separated)",
+    )
+    add(
+        "--peers-dns",
+        None,
+        help="HOST:PORT of a name that lists every replica (a headless Service), resolved every few seconds: each "
+        "address is a peer (this router's own is skipped)",
+    )
     return p
 
 
@@ -495,7 +525,17 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         aliases = resolve_aliases(pairs, a.model_id)
     except ValueError as e:
         parser.error(f"--model-alias: {e}")
+    for url in a.peer:
+        try:
+            normalize_url(url)
+        except SpecError as e:
+            parser.error(f"--peer {e}")
+    if a.peers_dns is not None:
+        host, colon, port = a.peers_dns.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--peers-dns takes HOST:PORT, got {a.peers_dns!r}")
     return Settings(
+        peers=PeerSettings(urls=tuple(normalize_url(u) for u in a.peer), dns=a.peers_dns or None),
         routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(

@@ -52,6 +52,32 @@ class RouteRequest(Protocol):
         ...
 
 
+class Peers(Protocol):
+    """The other router replicas, as a policy sees them (``peers.PeerSync``): told what this one routed."""
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
+        ...
+
+    def in_sync(self) -> bool:
+        """Whether there are peers and every one acknowledged what it was told lately (then this router's tree
+        holds what the fleet was sent, as a router alone's does)."""
+        ...
+
+
+class NoPeers:
+    """A router with no peers configured: nobody to tell, never in sync."""
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        pass
+
+    def in_sync(self) -> bool:
+        return False
+
+
+NO_PEERS: Peers = NoPeers()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyContext:
     """Handed to every instance by the factory; an instance cannot be built without it."""
@@ -62,6 +88,7 @@ class PolicyContext:
     role: str
     """The policy slot: regular, prefill or decode (the ``role`` label of its metrics)."""
     rng: random.Random
+    peers: Peers = NO_PEERS
 
 
 class Policy:
@@ -93,6 +120,11 @@ class Policy:
 
     def sync(self, workers: Sequence[Worker]) -> None:
         """The workers this instance can reach now (lifecycle).  Stateless policies ignore it."""
+
+    def observe(self, model: str, worker_url: str, text: str, head: int) -> bool:
+        """A peer router sent ``text`` to the worker (``peers``): keep what the policy knows true, as for a
+        request of its own.  Whether it was taken (False: a stateless policy, or a worker it does not know)."""
+        return False
 
     def maintain(self) -> None:
         """Periodic upkeep (tree eviction)."""

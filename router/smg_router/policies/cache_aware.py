@@ -170,7 +170,8 @@ class CacheAwarePolicy(Policy):
             return chosen.url
 
         tree.match_and_insert(text, choose)
-        self._hold(chosen, req)
+        self._hold(chosen.url, text, req.head)
+        self.ctx.peers.tell(self.ctx.role, model, chosen.url, text, req.head)
         return chosen
 
     def pinned(self, worker: Worker, req: RouteRequest) -> None:
@@ -180,16 +181,29 @@ class CacheAwarePolicy(Policy):
             tree = self._trees[req.model] = RadixTree()
             self.fallback(req.model, "no_tree")
         tree.insert(req.text, worker.url)
-        self._hold(worker, req)
+        self._hold(worker.url, req.text, req.head)
+        self.ctx.peers.tell(self.ctx.role, req.model, worker.url, req.text, req.head)
 
-    def _hold(self, worker: Worker, req: RouteRequest) -> None:
+    def observe(self, model: str, worker_url: str, text: str, head: int) -> bool:
+        """A peer router sent ``text`` to the worker: the engine caches it there, so this tree says so too (a
+        worker this instance does not serve is not taken: it left, or has not been registered here yet)."""
+        if worker_url not in self._joined:
+            return False
+        tree = self._trees.get(model)
+        if tree is None:
+            tree = self._trees[model] = RadixTree()
+        tree.insert(text, worker_url)
+        self._hold(worker_url, text, head)
+        return True
+
+    def _hold(self, worker_url: str, text: str, head: int) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
         keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused."""
-        slots = self.ctx.loads.slots(worker.id)
+        slots = self.ctx.loads.slots(worker_id_for(worker_url))
         if slots is None:
             return
-        key = placement_key(req.text[: req.head or len(req.text)], self.ctx.settings.placement_prefix_chars)
-        held = self._held.setdefault(worker.url, OrderedDict())
+        key = placement_key(text[: head or len(text)], self.ctx.settings.placement_prefix_chars)
+        held = self._held.setdefault(worker_url, OrderedDict())
         held[key] = None
         held.move_to_end(key)
         while len(held) > slots:
@@ -274,8 +288,11 @@ class CacheAwarePolicy(Policy):
         return next(i for i in roomy if loads[i] <= least + ALONE_SLACK)
 
     def _sees_the_traffic(self) -> bool:
-        """Whether this router sends most of the fleet's backlog (``LoadView.own_share`` at least ALONE_SHARE, or
-        not known yet), so that its tree knows what the engines hold well enough to judge room."""
+        """Whether this router's tree knows what the engines hold well enough to judge room: its peers are in sync
+        (``peers``: they tell it every route), or it sends most of the fleet's backlog itself (``LoadView.own_share``
+        at least ALONE_SHARE, or not known yet)."""
+        if self.ctx.peers.in_sync():
+            return True  # the peers tell it what they send: its tree holds what every replica sent
         share = self.ctx.loads.own_share()
         return share is None or share >= ALONE_SHARE
 

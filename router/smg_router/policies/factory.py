@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from smg_router.metrics import Metrics
-from smg_router.policies.base import Policy, PolicyContext
+from smg_router.policies.base import NO_PEERS, Peers, Policy, PolicyContext
 from smg_router.policies.cache_aware import CacheAwarePolicy
 from smg_router.policies.simple import LeastLoadPolicy, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from smg_router.policy_names import POLICY_NAMES, canonical_name
@@ -24,13 +24,29 @@ assert set(POLICIES) == set(POLICY_NAMES), "policy_names.POLICY_NAMES must list 
 
 
 class PolicyFactory:
-    def __init__(self, *, settings: PolicySettings, loads: LoadView, metrics: Metrics, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: PolicySettings,
+        loads: LoadView,
+        metrics: Metrics,
+        peers: Peers = NO_PEERS,
+        seed: int | None = None,
+    ) -> None:
         self._settings = settings
+        self._peers = peers
         self._loads = loads
         self._metrics = metrics
         self._rng = random.Random(seed)
 
     def create(self, name: str, *, role: str) -> Policy:
         cls = POLICIES[canonical_name(name)]
-        ctx = PolicyContext(settings=self._settings, loads=self._loads, metrics=self._metrics, role=role, rng=self._rng)
+        ctx = PolicyContext(
+            settings=self._settings,
+            loads=self._loads,
+            metrics=self._metrics,
+            role=role,
+            rng=self._rng,
+            peers=self._peers,
+        )
         return cls(ctx)

@@ -1,0 +1,190 @@
+"""Routes told to the other router replicas, so that each one's tree knows what the whole fleet was sent.
+
+A replica behind a Service sends 1/N of the traffic, so its own tree knows about 1/N of what the engines cache:
+enough to agree with the others on where a new prefix goes (rendezvous placement needs no state), not enough
+to judge whether a worker has KV room left for one more (that judgment, made from a partial tree, is a move the
+other replicas do not make; ``policies.cache_aware``).  With peers, every replica tells every other one what it
+routed (the policy slot, the worker, the routing text) and inserts what it is told, so each tree holds what
+all of the fleet's replicas sent and each replica judges room as a router alone would.
+
+The protocol is one admin call, ``POST /peers/routes`` (``admin.peer_routes``; the admin key when one is set,
+the admin port when there is one), with ``{"from": <this router's id>, "records": [[role, model, worker url,
+text, head], ...]}``.  A peer that answers ``{"self": true}`` was this router (a DNS name lists its own pod
+too) and is asked no more.  Peers come from ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless
+Service: every ready replica's address, re-resolved every DNS_INTERVAL).
+
+Each peer has its own queue and sender task, so a slow or dead peer delays nobody else.  A batch that fails is
+dropped, not retried: a route is a hint about a cache, and a late one is a wrong one.  ``in_sync`` says whether
+every peer acknowledged a batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it
+does not, the policy falls back to what a replica with a partial tree does (rank-only placement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from smg_router.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = 1.0
+"""Seconds between two batches to an idle peer (an empty one): what keeps ``in_sync`` true without traffic."""
+STALE = 3.5
+"""A peer that acknowledged nothing for this long is out of sync."""
+DNS_INTERVAL = 5.0
+"""Seconds between two resolutions of ``--peers-dns``."""
+SEND_TIMEOUT = 2.0
+MAX_PENDING = 8192
+"""Records queued for one peer at most; past it the oldest are dropped (counted ``dropped``)."""
+MAX_BATCH_CHARS = 2 * 1024 * 1024
+"""Routing text sent in one batch at most, well under a router's request body limit (8 MiB by default)."""
+PATH = "/peers/routes"
+
+Record = tuple[str, str, str, str, int]
+"""(role, model, worker url, routing text, head) of one routed request."""
+
+
+@dataclass(slots=True)
+class _Peer:
+    url: str
+    pending: deque[Record] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    acked_at: float = float("-inf")
+    is_self: bool = False
+    failing: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class PeerSync:
+    """Tells the peers what this router routed (``tell``), says whether they are all in sync (``in_sync``)."""
+
+    def __init__(
+        self, *, urls: Sequence[str], dns: str | None, admin_key: str | None, metrics: Metrics, scheme: str = "http"
+    ) -> None:
+        self.id = secrets.token_hex(8)
+        """This router's id in the batches it sends: how it knows a batch of its own when a DNS name lists it."""
+        self._static = tuple(u.rstrip("/") for u in urls)
+        self._dns = dns
+        self._scheme = scheme
+        self._headers = {"Content-Type": "application/json"}
+        if admin_key:
+            self._headers["Authorization"] = f"Bearer {admin_key}"
+        self._metrics = metrics
+        self._peers: dict[str, _Peer] = {}
+        self._session: aiohttp.ClientSession | None = None
+        metrics.add_peers_in_sync_source(lambda: float(self.in_sync()))
+
+    # -- the request path ---------------------------------------------------------------------------
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        """Queue one routed request for every peer (their senders wake up; nothing is awaited here)."""
+        record = (role, model, worker_url, text, head)
+        for peer in self._peers.values():
+            if peer.is_self:
+                continue
+            if len(peer.pending) >= MAX_PENDING:
+                peer.pending.popleft()
+                self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
+            peer.pending.append(record)
+            peer.wake.set()
+
+    def in_sync(self) -> bool:
+        """Whether there is at least one peer and every one acknowledged a batch within STALE seconds."""
+        now = time.monotonic()
+        peers = [p for p in self._peers.values() if not p.is_self]
+        return bool(peers) and all(now - p.acked_at < STALE for p in peers)
+
+    # -- background ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Keep the peer set (static URLs, then the DNS name's addresses) and a sender per peer."""
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT))
+        try:
+            while True:
+                wanted = set(self._static) | await self._resolve()
+                for url in wanted - set(self._peers):
+                    peer = self._peers[url] = _Peer(url)
+                    peer.task = asyncio.get_running_loop().create_task(self._send_loop(peer), name=f"smg-peer {url}")
+                    log.info("peer router %s added", url)
+                for url in set(self._peers) - wanted:
+                    await self._drop(self._peers.pop(url))
+                await asyncio.sleep(DNS_INTERVAL)
+        finally:
+            for peer in list(self._peers.values()):
+                await self._drop(peer)
+            self._peers.clear()
+            await self._session.close()
+
+    async def _resolve(self) -> set[str]:
+        if not self._dns:
+            return set()
+        host, _, raw_port = self._dns.rpartition(":")
+        port = int(raw_port)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            log.warning("peers: cannot resolve %s: %s (keeping the peers known)", self._dns, e)
+            return {u for u in self._peers if u not in self._static}
+        urls = set()
+        for family, *_, sockaddr in infos:
+            ip = str(sockaddr[0])
+            addr = f"[{ip}]" if family == socket.AF_INET6 else ip
+            urls.add(f"{self._scheme}://{addr}:{port}")
+        return urls
+
+    async def _drop(self, peer: _Peer) -> None:
+        if peer.task is not None:
+            peer.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await peer.task
+        if not peer.is_self:
+            log.info("peer router %s removed", peer.url)
+
+    async def _send_loop(self, peer: _Peer) -> None:
+        while not peer.is_self:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(peer.wake.wait(), HEARTBEAT)
+            peer.wake.clear()
+            batch: list[Record] = []
+            chars = 0
+            while peer.pending and chars < MAX_BATCH_CHARS:
+                record = peer.pending.popleft()
+                batch.append(record)
+                chars += len(record[3])
+            if peer.pending:
+                peer.wake.set()  # the rest goes in the next batch, at once
+            await self._send(peer, batch)
+
+    async def _send(self, peer: _Peer, batch: list[Record]) -> None:
+        assert self._session is not None
+        body = orjson.dumps({"from": self.id, "records": batch})
+        try:
+            async with self._session.post(peer.url + PATH, data=body, headers=self._headers) as resp:
+                answer = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"HTTP {resp.status}: {answer[:200]!r}")
+                if orjson.loads(answer).get("self"):
+                    peer.is_self = True
+                    log.info("peer %s is this router: not telling it", peer.url)
+                    return
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, orjson.JSONDecodeError, AttributeError) as e:
+            self._metrics.peer_records_sent.labels(peer.url, "failed").inc(len(batch))
+            if not peer.failing:
+                why = str(e) or type(e).__name__
+                log.warning("peer %s: %s (its routes are dropped until it answers)", peer.url, why)
+            peer.failing = True
+            return
+        if peer.failing:
+            log.info("peer %s answers again", peer.url)
+        peer.failing = False
+        peer.acked_at = time.monotonic()
+        self._metrics.peer_records_sent.labels(peer.url, "sent").inc(len(batch))
