@@ -347,6 +347,32 @@ SCHEMAS: dict[str, Schema] = {
     },
 }
 
+SCHEMAS["PeerRoutes"] = {
+    "type": "object",
+    "required": ["from", "records"],
+    "description": "What a peer router routed (--peer, --peers-dns): each record is inserted in this router's "
+    "tree for its worker, as if this router had routed it (a worker it does not serve is ignored).  The whole "
+    "batch is checked first: a bad record changes nothing.",
+    "properties": {
+        "from": {"type": "string", "description": "The sender's id: a router's own id answers {self: true}."},
+        "records": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "description": "[role, model, worker url, routing text, head]; head is at most the text's length.",
+                "prefixItems": [
+                    {"enum": ["regular", "prefill", "decode"]},
+                    {"type": "string"},
+                    {"type": "string"},
+                    {"type": "string"},
+                    {"type": "integer", "minimum": 0},
+                ],
+                "minItems": 5,
+                "maxItems": 5,
+            },
+        },
+    },
+}
 SCHEMAS["WorkerReplacement"] = {
     **{k: v for k, v in SCHEMAS["WorkerSpec"].items() if k != "required"},
     "description": "A whole new spec (PUT): what it leaves out takes its default; `url` may be left out but "
@@ -563,6 +589,27 @@ def _paths() -> dict[str, Any]:
                 "security": ADMIN,
                 "parameters": [QUERY_URL, DRAIN_TIMEOUT],
                 "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)},
+            }
+        },
+        "/peers/routes": {
+            "post": {
+                "summary": "What a peer router routed, for this router's tree (router to router)",
+                "security": ADMIN,
+                "requestBody": _body(_ref("PeerRoutes")),
+                "responses": {
+                    **_ok(
+                        "Taken in: how many records were applied and ignored (or self: the sender is this router)",
+                        {
+                            "type": "object",
+                            "properties": {
+                                "applied": {"type": "integer", "minimum": 0},
+                                "ignored": {"type": "integer", "minimum": 0},
+                                "self": {"type": "boolean"},
+                            },
+                        },
+                    ),
+                    **_errors(400, 401, 408, 413),
+                },
             }
         },
         "/list_workers": {
