@@ -45,7 +45,13 @@ class RouterCore:
         self.peers: PeerSync | None = None
         """The other replicas, told every cache-aware route (``--peer``, ``--peers-dns``); None: no peers."""
         if p.enabled:
-            self.peers = PeerSync(urls=p.urls, dns=p.dns, admin_key=settings.server.admin_api_key, metrics=self.metrics)
+            self.peers = PeerSync(
+                urls=p.urls,
+                dns=p.dns,
+                admin_key=settings.server.admin_api_key,
+                metrics=self.metrics,
+                max_body=settings.server.max_payload_size,
+            )
         told: Peers = self.peers if self.peers is not None else NO_PEERS
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, peers=told)
         self.policies = PolicyRegistry(factory, settings.policy)

@@ -48,7 +48,8 @@ SEND_TIMEOUT = 2.0
 MAX_PENDING = 8192
 """Records queued for one peer at most; past it the oldest are dropped (counted ``dropped``)."""
 MAX_BATCH_CHARS = 2 * 1024 * 1024
-"""Routing text sent in one batch at most, well under a router's request body limit (8 MiB by default)."""
+"""Routing text sent in one batch at most, well under a router's request body limit (8 MiB by default; a smaller
+``--max-payload-size`` lowers it to an eighth of that, as a char may take 4 bytes and JSON escapes more)."""
 PATH = "/peers/routes"
 
 Record = tuple[str, str, str, str, int]
@@ -70,12 +71,22 @@ class PeerSync:
     """Tells the peers what this router routed (``tell``), says whether they are all in sync (``in_sync``)."""
 
     def __init__(
-        self, *, urls: Sequence[str], dns: str | None, admin_key: str | None, metrics: Metrics, scheme: str = "http"
+        self,
+        *,
+        urls: Sequence[str],
+        dns: str | None,
+        admin_key: str | None,
+        metrics: Metrics,
+        max_body: int = 8 * 1024 * 1024,
+        scheme: str = "http",
     ) -> None:
         self.id = secrets.token_hex(8)
         """This router's id in the batches it sends: how it knows a batch of its own when a DNS name lists it."""
         self._static = tuple(u.rstrip("/") for u in urls)
         self._dns = dns
+        self._batch_chars = max(1024, min(MAX_BATCH_CHARS, max_body // 8))
+        """Text per batch at most, and per record: a longer prompt is told by its leading chars (what a tree
+        match needs), so that no batch is refused for its size."""
         self._scheme = scheme
         self._headers = {"Content-Type": "application/json"}
         if admin_key:
@@ -83,11 +94,16 @@ class PeerSync:
         self._metrics = metrics
         self._peers: dict[str, _Peer] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._unresolved = False
+        """The last resolution of the DNS name failed (warned once until it resolves again)."""
         metrics.add_peers_in_sync_source(lambda: float(self.in_sync()))
 
     # -- the request path ---------------------------------------------------------------------------
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         """Queue one routed request for every peer (their senders wake up; nothing is awaited here)."""
+        if len(text) > self._batch_chars:
+            text = text[: self._batch_chars]
+            head = min(head, len(text))
         record = (role, model, worker_url, text, head)
         for peer in self._peers.values():
             if peer.is_self:
@@ -132,8 +148,13 @@ class PeerSync:
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as e:
-            log.warning("peers: cannot resolve %s: %s (keeping the peers known)", self._dns, e)
+            if not self._unresolved:
+                log.warning("peers: cannot resolve %s: %s (keeping the peers known; asking again)", self._dns, e)
+            self._unresolved = True
             return {u for u in self._peers if u not in self._static}
+        if self._unresolved:
+            log.info("peers: %s resolves again", self._dns)
+        self._unresolved = False
         urls = set()
         for family, *_, sockaddr in infos:
             ip = str(sockaddr[0])
@@ -156,7 +177,7 @@ class PeerSync:
             peer.wake.clear()
             batch: list[Record] = []
             chars = 0
-            while peer.pending and chars < MAX_BATCH_CHARS:
+            while peer.pending and chars + len(peer.pending[0][3]) <= self._batch_chars:
                 record = peer.pending.popleft()
                 batch.append(record)
                 chars += len(record[3])

@@ -112,10 +112,15 @@ def test_only_the_operator_and_the_configured_peers_reach_the_admin_port(enabled
     assert not allowed(policy, 30001, ns="ops-1", ns_labels={"team": "ops"}, pod={"app": "other"})
     assert not allowed(policy, 30001, ns="dev", pod=ci)
     assert not allowed(policy, 30001, ns=NAMESPACE, pod=sim)
-    assert not allowed(policy, 30001, ns=NAMESPACE, pod=router)
+    assert allowed(policy, 30001, ns=NAMESPACE, pod=router)  # the other replicas, telling it their routes
+    assert not allowed(policy, 30001, ns="elsewhere", pod=router)
     assert not allowed(policy, 30001, ns="elsewhere", pod=operator)  # operator labels in another namespace
     # any other port of the router pods: closed
     assert not allowed(policy, 8080, ns=NAMESPACE, pod=operator)
+    # without router.peers the replicas do not talk: their pods are no admin client
+    alone = render({**ENABLED, "router": {"peers": {"enabled": False}}})
+    assert not allowed(alone.get("NetworkPolicy", "smg-router"), 30001, ns=NAMESPACE, pod=router)
+    assert allowed(alone.get("NetworkPolicy", "smg-router"), 30001, ns=NAMESPACE, pod=operator)
 
 
 def test_without_the_operator_only_the_configured_peers_reach_the_admin_port() -> None:

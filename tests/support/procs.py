@@ -49,6 +49,13 @@ def http_json(
     return status, parsed
 
 
+def http_json_headers(
+    method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 10.0
+) -> tuple[int, Any, Message]:
+    """``http_json`` with the response's headers too."""
+    return _http(method, url, body, headers=headers, timeout=timeout)
+
+
 @dataclass(frozen=True)
 class Served:
     """A router's answer and the smg-sim worker that produced it (from its ``x-smg-sim-worker`` header)."""

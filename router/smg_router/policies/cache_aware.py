@@ -29,20 +29,21 @@ routable workers:
    default, looks at every worker): the best-ranked worker whose share of the tree has room left for the
    prompt under its KV cap takes it (the first-ranked when none has), so a worker that already holds what its
    engine can cache is not handed one more group while another has room (over 30 fleets of 4 workers the
-   hash alone put 4-8 of 12 groups on one).  An engine that keeps one prompt per slot (llama.cpp, its slots
-   read from ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys
-   of the last prompts sent there, one per slot).  Room is judged from this router's tree, which knows what
-   the engines hold only when this router sends most of their traffic: so only while its polls show it sends
-   at least ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it,
-   one of N replicas about 1/N); such a router also weighs load among them, since no replica has to agree
-   with it: the best-ranked of them at most ALONE_SLACK requests busier than the least loaded (a new group
-   or a unique prompt goes where it waits least; the group's next requests follow it as hits).  One of
-   several replicas places every miss on the first-ranked worker, as the others do: a move judged from one
-   replica's partial tree is a move the others do not make, and the group ends up cached twice (with rank
-   only, 8 replicas cache exactly what one does; docs/benchmarks.md, session 10).  Measured on the routing
-   benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87
-   (and the slack, session 11) of the tokens cached (oracle 0.88).  Spills keep the first choice within the
-   gate: load decides them.
+   hash alone put 4-8 of 12 groups on one). An engine that keeps one prompt per slot (llama.cpp, its slots read from
+   ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys of the last
+   prompts sent there, one per slot). Room is judged from this router's tree, which knows what the engines hold only
+   when it holds what the whole fleet was sent: while its peers are in sync (``peers``: the other replicas tell it
+   every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
+   ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N
+   replicas about 1/N); such a router also weighs load among them, since no replica has to agree with it: the
+   best-ranked of them at most ALONE_SLACK requests busier than the least loaded (a new group or a unique prompt goes
+   where it waits least; the group's next requests follow it as hits). One of several replicas places every miss on
+   the first-ranked worker, as the others do: a move judged from one replica's partial tree is a move the others do
+   not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one does;
+   docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session 12). Measured on the
+   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87
+   (and the slack, session 11) of the tokens cached (oracle 0.88). Spills keep the first choice within the gate: load
+   decides them.
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;

@@ -715,3 +715,52 @@ def test_a_router_that_sends_the_traffic_places_a_miss_where_it_waits_least_amon
     share = env.loads.own_share()
     assert share is not None and share < ALONE_SHARE
     assert p.select(workers, RouteRequest("m", three), NOW) is workers[r[0]]  # by rank, though busier
+
+
+class FakePeers:
+    """The policy's view of its peers (``policies.base.Peers``): in sync or not, and what it was told to tell."""
+
+    def __init__(self) -> None:
+        self.synced = True
+        self.told: list[tuple[str, str, str, str, int]] = []
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        self.told.append((role, model, worker_url, text, head))
+
+    def in_sync(self) -> bool:
+        return self.synced
+
+
+def test_a_replica_whose_peers_are_in_sync_judges_room_from_their_routes_too() -> None:
+    """One of four replicas (a quarter of the backlog): its peers' routes (``observe``) filled the first worker's
+    share, so while the peers are in sync it places a miss on the best-ranked worker with room, as a router alone
+    would, and tells its peers where; out of sync, by rank alone again."""
+    from smg_router.policies.factory import PolicyFactory
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(tree_chars_per_token=1.0)
+    peers = FakePeers()
+    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for _ in range(20):
+        for w in workers:
+            env.loads.record(w.id, 4, at=NOW, inflight=1)
+            env.loads.record_kv(w.id, 1000)
+
+    def group(i: int) -> str:
+        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
+
+    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
+    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
+    for i in mine[:2]:  # the peers sent two groups to the first worker
+        assert p.observe("m", workers[0].url, group(i), 0)
+    assert not p.observe("m", "http://127.0.0.9:8000", group(mine[0]), 0)  # a worker this router does not serve
+    assert not peers.told
+    chosen = p.select(workers, RouteRequest("m", group(mine[2])), NOW)
+    assert chosen is workers[ranks[mine[2]][1]], "placed on the full first worker"
+    assert peers.told == [("regular", "m", chosen.url, group(mine[2]), 0)]
+    assert p.select(workers, RouteRequest("m", group(mine[0]) + " next"), NOW) is workers[0]  # a peer's group: a hit
+    peers.synced = False
+    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[0]  # by rank, though full

@@ -1,0 +1,207 @@
+"""Router replicas that tell each other their routes (``--peer``, ``--peers-dns``; ``smg_router.peers``), shown on
+the cached tokens real ``smg-sim`` engines report: a replica that never saw a group still knows which worker
+holds it and which worker has no KV room left, as a router alone would.  And the faults: a peer that is down, a
+DNS name that lists the router itself, a batch that is garbage."""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from smg_router.policies.placement import placement_key, rendezvous_score
+from smg_router.workers.worker import worker_id_for
+from support.procs import (
+    MODEL,
+    Router,
+    Sim,
+    free_port,
+    http_json,
+    http_json_headers,
+    metric_value,
+    start_router,
+    start_sim,
+    wait_until,
+)
+
+KV = 3000
+"""Tokens of KV per engine (1 char each): one 2000-char group fits, two do not."""
+PREFIX = 2000
+ARGS = ["--tree-chars-per-token", "1", "--load-monitor-interval", "0.2"]
+
+
+def words(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(string.ascii_lowercase + " ") for _ in range(n))
+
+
+def served(router: Router, prompt: str) -> tuple[str, int]:
+    """(worker id the router names in x-smg-routed-worker-id, cached tokens the engine reports) of a completion."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+    status, answer, headers = http_json_headers("POST", router.url + "/v1/completions", body)
+    assert status == 200, answer
+    return headers["x-smg-routed-worker-id"], answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def groups_ranking_first(first: Sim, other: Sim, count: int) -> list[str]:
+    """``count`` group prefixes that every replica's rendezvous ranking sends to ``first`` before ``other``."""
+    rng = random.Random(21)
+    out: list[str] = []
+    while len(out) < count:
+        text = f"{uuid.uuid4()} " + words(rng, PREFIX)
+        key = placement_key(text, 1024)
+        if rendezvous_score(key, worker_id_for(first.url)) > rendezvous_score(key, worker_id_for(other.url)):
+            out.append(text)
+    return out
+
+
+def ready(routers: list[Router], sims: list[Sim], *, peers: bool) -> None:
+    for r in routers:
+        r.wait_routable(len(sims))
+        for s in sims:
+            wait_until(
+                lambda r=r, s=s: metric_value(r.metrics(), "smg_worker_kv_capacity_tokens", worker=s.url) == KV,
+                timeout=15,
+                what="the engines' KV capacity polled",
+            )
+        if peers:
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, timeout=15, what="in sync")
+
+
+def applied(router: Router) -> float:
+    return metric_value(router.metrics(), "smg_peer_records_received_total", outcome="applied")
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[list[Sim]]:
+    started = [start_sim(tmp_path, extra=["--kv-capacity", str(KV)]) for _ in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+def pair(tmp_path: Path, sims: list[Sim], *, peers: bool) -> tuple[Router, Router]:
+    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
+    while ports[1] == ports[0]:
+        ports[1] = free_port("127.0.0.1")
+    urls = [s.url for s in sims]
+    a, b = (
+        start_router(
+            tmp_path,
+            workers=urls,
+            port=port,
+            args=[*ARGS, *(["--peer", f"http://127.0.0.1:{other}"] if peers else [])],
+        )
+        for port, other in zip(ports, reversed(ports), strict=True)
+    )
+    return a, b
+
+
+def test_a_replica_told_its_peers_routes_places_a_group_where_there_is_room_and_finds_the_others(
+    tmp_path: Path, sims: list[Sim]
+) -> None:
+    """Two groups that both rank first on worker 1, whose KV holds one.  Replica A sends the first group there;
+    replica B, which never saw it, gets the second: told A's route, B knows worker 1 is full and sends it to worker
+    2; then each replica sends the other's group where it is cached.  Without peers (the premise, checked first)
+    B sends the second group to worker 1 too, whose engine evicts the first."""
+    w1, w2 = (worker_id_for(s.url) for s in sims)
+    one, two = groups_ranking_first(sims[0], sims[1], 2)
+
+    a, b = pair(tmp_path, sims, peers=False)
+    try:
+        ready([a, b], sims, peers=False)
+        assert served(a, one + " first question")[0] == w1
+        assert served(b, two + " first question")[0] == w1  # B's own tree: worker 1 has room
+        assert served(b, one + " second question")[1] < PREFIX, "the engine kept both groups: the premise is wrong"
+    finally:
+        a.stop()
+        b.stop()
+    for s in sims:  # empty caches for the second arm
+        assert http_json("POST", s.url + "/flush_cache")[0] == 200
+
+    a, b = pair(tmp_path, sims, peers=True)
+    try:
+        ready([a, b], sims, peers=True)
+        assert served(a, one + " first question")[0] == w1
+        wait_until(lambda: applied(b) >= 1, timeout=10, what="B told A's route")
+        assert served(b, two + " first question")[0] == w2, "B placed the second group on the full worker"
+        wait_until(lambda: applied(a) >= 1, timeout=10, what="A told B's route")
+        worker, cached = served(b, one + " second question")
+        assert (worker, cached >= PREFIX) == (w1, True), (worker, cached)
+        worker, cached = served(a, two + " second question")
+        assert (worker, cached >= PREFIX) == (w2, True), (worker, cached)
+        for r in (a, b):
+            text = r.metrics()
+            assert metric_value(text, "smg_peer_records_sent_total", outcome="sent") >= 2
+            assert metric_value(text, "smg_peer_records_sent_total", outcome="failed") == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_peer_that_is_down_is_counted_and_the_router_routes_on_without_it(tmp_path: Path, sims: list[Sim]) -> None:
+    """Its routes are dropped (``failed``, one warning), the router is not in sync, and it routes on as a router
+    without peers does (its own share of the backlog decides whether it judges room)."""
+    dead = free_port("127.0.0.1")
+    r = start_router(tmp_path, workers=[s.url for s in sims], args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}"])
+    try:
+        ready([r], sims, peers=False)
+        w1 = worker_id_for(sims[0].url)
+        one, two = groups_ranking_first(sims[0], sims[1], 2)
+        assert served(r, one + " q")[0] == w1
+        wait_until(
+            lambda: metric_value(r.metrics(), "smg_peer_records_sent_total", outcome="failed") >= 1,
+            timeout=10,
+            what="the route to the dead peer counted failed",
+        )
+        text = r.metrics()
+        assert metric_value(text, "smg_peers_in_sync") == 0
+        assert metric_value(text, "smg_peer_records_sent_total", outcome="sent") == 0
+        assert served(r, two + " q")[1] == 0  # served, a miss as it should be
+        assert r.log().count("its routes are dropped until it answers") == 1  # one warning, not one per batch
+    finally:
+        r.stop()
+
+
+def test_a_dns_name_that_lists_the_router_itself_is_no_peer(tmp_path: Path, sims: list[Sim]) -> None:
+    port = free_port("127.0.0.1")
+    r = start_router(tmp_path, workers=[sims[0].url], port=port, args=["--peers-dns", f"127.0.0.1:{port}"])
+    try:
+        r.wait_routable(1)
+        wait_until(lambda: "is this router" in r.log(), timeout=10, what="the router finding itself in the name")
+        served(r, "hello " * 10)
+        text = r.metrics()
+        assert metric_value(text, "smg_peers_in_sync") == 0
+        assert metric_value(text, "smg_peer_records_received_total", outcome="applied") == 0
+        assert metric_value(text, "smg_peer_records_sent_total", outcome="failed") == 0
+    finally:
+        r.stop()
+
+
+def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Path, sims: list[Sim]) -> None:
+    key = "peer-admin-key"
+    r = start_router(tmp_path, workers=[sims[0].url], admin_key=key, args=ARGS)
+    try:
+        r.wait_routable(1)
+        url, auth = r.url + "/peers/routes", {"Authorization": f"Bearer {key}"}
+        good = ["regular", MODEL, sims[0].url, "x" * 100, 0]
+        status, body = http_json("POST", url, {"from": "other", "records": [good]})
+        assert status == 401, body
+        for bad, says in [
+            ({"records": [good]}, "a peer batch is"),
+            ({"from": "other", "records": [good, ["regular", MODEL, sims[0].url, "x", 5]]}, "records[1]: head"),
+            ({"from": "other", "records": [good, ["leader", MODEL, sims[0].url, "x", 0]]}, "records[1]: role"),
+            ({"from": "other", "records": [good, [1, 2]]}, "records[1]: must be"),
+            ({"from": "other", "records": [["regular", MODEL, 7, "x", 0]]}, "must be strings"),
+        ]:
+            status, body = http_json("POST", url, bad, headers=auth)
+            assert status == 400 and says in body["error"]["message"], (bad, body)
+        assert metric_value(r.metrics(), "smg_peer_records_received_total", outcome="applied") == 0
+        stranger = ["regular", MODEL, "http://127.0.0.1:9", "y" * 100, 0]
+        status, body = http_json("POST", url, {"from": "other", "records": [good, stranger]}, headers=auth)
+        assert (status, body) == (200, {"applied": 1, "ignored": 1})
+        assert metric_value(r.metrics(), "smg_cache_tree_size_chars", model=MODEL, worker=sims[0].url) >= 100
+    finally:
+        r.stop()
