@@ -38,7 +38,7 @@ def words(rng: random.Random, n: int) -> str:
 
 
 def served(router: Router, prompt: str) -> tuple[str, int]:
-    """(worker id the router names in x-smg-routed-worker-id, cached tokens the engine reports) of a completion."""
+    """(the worker URL in x-smg-routed-worker-id, the cached tokens the engine reports) of one completion."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
     status, answer, headers = http_json_headers("POST", router.url + "/v1/completions", body)
     assert status == 200, answer
@@ -106,7 +106,7 @@ def test_a_replica_told_its_peers_routes_places_a_group_where_there_is_room_and_
     replica B, which never saw it, gets the second: told A's route, B knows worker 1 is full and sends it to worker
     2; then each replica sends the other's group where it is cached.  Without peers (the premise, checked first)
     B sends the second group to worker 1 too, whose engine evicts the first."""
-    w1, w2 = (worker_id_for(s.url) for s in sims)
+    w1, w2 = (s.url for s in sims)
     one, two = groups_ranking_first(sims[0], sims[1], 2)
 
     a, b = pair(tmp_path, sims, peers=False)
@@ -148,7 +148,7 @@ def test_a_peer_that_is_down_is_counted_and_the_router_routes_on_without_it(tmp_
     r = start_router(tmp_path, workers=[s.url for s in sims], args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}"])
     try:
         ready([r], sims, peers=False)
-        w1 = worker_id_for(sims[0].url)
+        w1 = sims[0].url
         one, two = groups_ranking_first(sims[0], sims[1], 2)
         assert served(r, one + " q")[0] == w1
         wait_until(
