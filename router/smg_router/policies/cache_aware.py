@@ -87,6 +87,8 @@ ALONE_SHARE = 0.75
 ALONE_SLACK = 1
 """A router that sends most of the backlog places a miss on the best-ranked worker (with room, when any has)
 at most this many requests busier than the least loaded of them (module docstring, 4)."""
+UNKNOWN_SLOTS = 16
+"""Placement keys kept for a worker whose engine has not said yet whether it keeps one prompt per slot."""
 
 
 class CacheAwarePolicy(Policy):
@@ -199,15 +201,19 @@ class CacheAwarePolicy(Policy):
 
     def _hold(self, worker_url: str, text: str, head: int) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
-        keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused."""
-        slots = self.ctx.loads.slots(worker_id_for(worker_url))
-        if slots is None:
+        keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused.  Kept
+        too while the engine has reported neither slots nor a KV capacity (llama.cpp's ``/props`` is read after
+        its first requests may have gone out: forgetting them let a third group onto a worker whose two slots
+        held two); no longer once it reported a capacity without slots (SGLang, vLLM)."""
+        loads, worker_id = self.ctx.loads, worker_id_for(worker_url)
+        slots = loads.slots(worker_id)
+        if slots is None and loads.kv_tokens(worker_id) is not None:
             return
         key = placement_key(text[: head or len(text)], self.ctx.settings.placement_prefix_chars)
         held = self._held.setdefault(worker_url, OrderedDict())
         held[key] = None
         held.move_to_end(key)
-        while len(held) > slots:
+        while len(held) > (slots or UNKNOWN_SLOTS):
             held.popitem(last=False)
 
     def _choose_by_match(
@@ -304,7 +310,11 @@ class CacheAwarePolicy(Policy):
         prompts than it keeps (and a held prompt's old questions, which it no longer keeps, as taken)."""
         slots = self.ctx.loads.slots(worker.id)
         if slots is not None:
-            held = self._held.get(worker.url, ())
+            held = self._held.get(worker.url)
+            if held is None:
+                return True
+            while len(held) > slots:  # kept while its slots were not known yet
+                held.popitem(last=False)
             return key in held or len(held) < slots
         cap = self.tenant_cap(worker.url)
         return cap is None or tree.tenant_size(worker.url) + size <= cap
