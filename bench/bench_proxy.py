@@ -5,7 +5,9 @@ Usage (from the repository root, with the project's venv):
         [--targets direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware]
         [--endpoints generate,chat] [--streams 0,1] [--concurrency 1,64]
         [--rust-bin /tmp/smg-rust/bin/smg] [--router-commit REV] [--out results.json] [--quick]
-    (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run)
+    (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run;
+    smg:<policy>+peer runs a second smg-router as the first's --peer, and counts both routers' CPU: what a request
+    costs a fleet of replicas that tell each other their routes, the sending and the receiving)
 
 The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
@@ -157,13 +159,15 @@ def start_sims(logs: Path, count: int) -> list[Sim]:
     return sims
 
 
-def router_argv(target: str, port: int, workers: Sequence[str], rust_bin: str) -> list[str]:
-    """The target's command line: its defaults, plus only where to listen and which workers to use."""
+def router_argv(target: str, port: int, workers: Sequence[str], rust_bin: str, peer: int | None = None) -> list[str]:
+    """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer)."""
     kind, _, policy = target.partition(":")
+    policy = policy.removesuffix("+peer")
     if kind.startswith("smg"):
         return [
             *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
+            *(("--peer", f"http://127.0.0.1:{peer}") if peer else ()),
         ]
     return [
         *(rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy),
@@ -184,15 +188,23 @@ def ready(target: str, router: Router, workers: int) -> bool:
     return status == 200 and bool(body.get("healthy_workers") == workers)
 
 
-def start_router(logs: Path, target: str, workers: Sequence[str], *, rust_bin: str, pythonpath: Path | None) -> Router:
-    port = free_port("127.0.0.1")
+def start_router(
+    logs: Path,
+    target: str,
+    workers: Sequence[str],
+    *,
+    rust_bin: str,
+    pythonpath: Path | None,
+    port: int | None = None,
+    peer: int | None = None,
+) -> Router:
+    port = port or free_port("127.0.0.1")
     env = {}
     if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
-    name = f"{target.replace(':', '-')}-{port}"
-    router = Router(
-        name=name, args=router_argv(target, port, workers, rust_bin), log_path=logs / f"{name}.log", env=env, port=port
-    )
+    name = f"{target.replace(':', '-').replace('+', '-')}-{port}"
+    args = router_argv(target, port, workers, rust_bin, peer)
+    router = Router(name=name, args=args, log_path=logs / f"{name}.log", env=env, port=port)
     router.start()
     wait_for(partial(ready, target, router, len(workers)), timeout=60, what=f"{target} at {router.url}")
     if not router.alive():
@@ -244,10 +256,10 @@ def check(url: str, cell: Cell) -> dict[str, Any]:
     return {"status": status, "ok": ok, "chunks": len(events) - 1}
 
 
-def measure(url: str, cell: Cell, *, seconds: int, warmup: int, router: Router | None, sims: Sequence[Sim]) -> Run:
+def measure(url: str, cell: Cell, *, seconds: int, warmup: int, routers: Sequence[Router], sims: Sequence[Sim]) -> Run:
+    """One wrk run at ``url``; CPU per request of ``routers`` (the one under test, and its peer if it has one)."""
     if warmup:
         wrk(url, cell, warmup, "warm" + uuid.uuid4().hex[:8])
-    routers = [router] if router else []
     cpu0, wcpu0 = tree_cpu(routers), tree_cpu(sims)
     s = wrk(url, cell, seconds, uuid.uuid4().hex[:8])
     cpu1, wcpu1 = tree_cpu(routers), tree_cpu(sims)
@@ -260,7 +272,7 @@ def measure(url: str, cell: Cell, *, seconds: int, warmup: int, router: Router |
         p50_ms=lat["p50"] / 1e3,
         p99_ms=lat["p99"] / 1e3,
         errors=s["errors"],
-        cpu_us=(cpu1 - cpu0) / n * 1e6 if router else None,
+        cpu_us=(cpu1 - cpu0) / n * 1e6 if routers else None,
         worker_cpu_us=(wcpu1 - wcpu0) / n * 1e6,
     )
 
@@ -367,8 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"(smg(@[\w./~^-]+)?|rust):\w+", t):
-            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy> or rust:<policy>")
+        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?:\w+(\+peer)?|rust:\w+", t):
+            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy>[+peer] or rust:<policy>")
     skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
     if skipped:
         print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
@@ -390,16 +402,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.sched_setaffinity(0, {SUT_CORE})  # what this process starts inherits the core under test
         sims = start_sims(logs, 2)
         procs += sims
-        routers: dict[str, Router | None] = {"direct": None} if "direct" in targets else {}
+        routers: dict[str, list[Router]] = {"direct": []} if "direct" in targets else {}
         for t in targets:
             if t != "direct":
                 rev = t.partition(":")[0].partition("@")[2]
                 code = router_code(rev, logs) if rev else pythonpath
-                router = start_router(logs, t, [s.url for s in sims], rust_bin=args.rust_bin, pythonpath=code)
-                routers[t] = router
-                procs.append(router)
+                urls_ = [s.url for s in sims]
+                start = partial(start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code)
+                if t.endswith("+peer"):  # each the other's --peer; the second one only receives
+                    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
+                    while ports[1] == ports[0]:
+                        ports[1] = free_port("127.0.0.1")
+                    routers[t] = [start(port=ports[0], peer=ports[1]), start(port=ports[1], peer=ports[0])]
+                else:
+                    routers[t] = [start()]
+                procs += routers[t]
         os.sched_setaffinity(0, {LOAD_CORE})
-        urls = {t: (r.url if r else sims[0].url) for t, r in routers.items()}
+        urls = {t: (r[0].url if r else sims[0].url) for t, r in routers.items()}
         for t in targets:
             for cell in cells:
                 m = results[(t, cell)] = Measured(t, cell)
@@ -411,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = targets[rep % len(targets) :] + targets[: rep % len(targets)]
                 for t in order:
                     run = measure(
-                        urls[t], cell, seconds=args.duration, warmup=args.warmup, router=routers[t], sims=sims
+                        urls[t], cell, seconds=args.duration, warmup=args.warmup, routers=routers[t], sims=sims
                     )
                     results[(t, cell)].runs.append(run)
                     print(

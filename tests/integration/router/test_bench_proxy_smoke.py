@@ -65,3 +65,15 @@ def test_a_missing_rust_binary_skips_only_the_rust_cells(tmp_path: Path) -> None
     result = run_bench(tmp_path, "--targets", "smg:round_robin,rust:cache_aware", "--rust-bin", str(missing))
     assert result["skipped"] == ["rust:cache_aware"]
     assert {c["target"] for c in result["cells"]} == {"smg:round_robin"}
+
+
+@pytest.mark.timeout(90)
+def test_a_target_with_a_peer_counts_both_routers_cpu(tmp_path: Path) -> None:
+    """``smg:<policy>+peer``: a second router is the first's ``--peer``; the cell's CPU is both routers' (what a
+    request costs a fleet of replicas that tell each other their routes)."""
+    result = run_bench(tmp_path, "--targets", "smg:cache_aware,smg:cache_aware+peer", "--streams", "0")
+    cells = {c["target"]: c for c in result["cells"]}
+    assert set(cells) == {"smg:cache_aware", "smg:cache_aware+peer"}
+    for cell in cells.values():
+        (run,) = cell["runs"]
+        assert run["requests"] > 50 and sum(run["errors"].values()) == 0 and run["cpu_us"] > 0
