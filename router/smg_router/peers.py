@@ -38,6 +38,10 @@ from smg_router.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+BATCH_DELAY = 0.01
+"""Seconds a sender waits after the first route of a batch for more to join it: one POST per route would cost
+each peer a request's worth of CPU per route (measured: +140 µs a request with two replicas at ~1000 req/s), and a
+route 10 ms late is as good as on time (a group's next request is rarely that close behind its first)."""
 HEARTBEAT = 1.0
 """Seconds between two batches to an idle peer (an empty one): what keeps ``in_sync`` true without traffic."""
 STALE = 3.5
@@ -174,6 +178,8 @@ class PeerSync:
         while not peer.is_self:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(peer.wake.wait(), HEARTBEAT)
+            if peer.pending:
+                await asyncio.sleep(BATCH_DELAY)
             peer.wake.clear()
             batch: list[Record] = []
             chars = 0
@@ -182,7 +188,7 @@ class PeerSync:
                 batch.append(record)
                 chars += len(record[3])
             if peer.pending:
-                peer.wake.set()  # the rest goes in the next batch, at once
+                peer.wake.set()  # the rest goes in the next batch
             await self._send(peer, batch)
 
     async def _send(self, peer: _Peer, batch: list[Record]) -> None:
