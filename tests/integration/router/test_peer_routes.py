@@ -132,10 +132,13 @@ def test_a_replica_told_its_peers_routes_places_a_group_where_there_is_room_and_
         assert (worker, cached >= PREFIX) == (w1, True), (worker, cached)
         worker, cached = served(a, two + " second question")
         assert (worker, cached >= PREFIX) == (w2, True), (worker, cached)
-        for r in (a, b):
-            text = r.metrics()
-            assert metric_value(text, "smg_peer_records_sent_total", outcome="sent") >= 2
-            assert metric_value(text, "smg_peer_records_sent_total", outcome="failed") == 0
+        for r in (a, b):  # each told the other its two routes (batched: the last one a few ms later)
+            wait_until(
+                lambda r=r: metric_value(r.metrics(), "smg_peer_records_sent_total", outcome="sent") == 2,
+                timeout=10,
+                what="both routes acknowledged",
+            )
+            assert metric_value(r.metrics(), "smg_peer_records_sent_total", outcome="failed") == 0
     finally:
         a.stop()
         b.stop()
