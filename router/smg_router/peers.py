@@ -13,7 +13,8 @@ text, head], ...]}``.  A peer that answers ``{"self": true}`` was this router (a
 too) and is asked no more.  Peers come from ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless
 Service: every ready replica's address, re-resolved every DNS_INTERVAL).
 
-Each peer has its own queue and sender task, so a slow or dead peer delays nobody else.  A batch that fails is
+Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
+BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is
 dropped, not retried: a route is a hint about a cache, and a late one is a wrong one.  ``in_sync`` says whether
 every peer acknowledged a batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it
 does not, the policy falls back to what a replica with a partial tree does (rank-only placement).

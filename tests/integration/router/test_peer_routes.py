@@ -208,3 +208,25 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
         assert metric_value(r.metrics(), "smg_cache_tree_size_chars", model=MODEL, worker=sims[0].url) >= 100
     finally:
         r.stop()
+
+
+def test_replicas_find_each_other_by_a_dns_name_and_share_their_routes(tmp_path: Path, sims: list[Sim]) -> None:
+    """``--peers-dns HOST:PORT`` (the chart's headless Service; here a numeric host, resolved the same way): each
+    router finds the other, gets in sync, and a route on one is applied on the other."""
+    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
+    while ports[1] == ports[0]:
+        ports[1] = free_port("127.0.0.1")
+    a, b = (
+        start_router(tmp_path, workers=[sims[0].url], port=mine, args=["--peers-dns", f"127.0.0.1:{other}"])
+        for mine, other in zip(ports, reversed(ports), strict=True)
+    )
+    try:
+        for r in (a, b):
+            r.wait_routable(1)
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, timeout=15, what="in sync")
+        served(a, "a prompt of its own " * 20)
+        wait_until(lambda: applied(b) == 1, timeout=10, what="A's route applied on B")
+        assert f"peer router http://127.0.0.1:{ports[0]} added" in b.log()
+    finally:
+        a.stop()
+        b.stop()
