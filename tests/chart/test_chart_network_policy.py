@@ -149,5 +149,8 @@ def test_a_policy_that_cannot_tell_the_ports_apart_is_refused(values: dict, mess
 
 def test_notes_say_where_worker_changes_go(enabled: Rendered) -> None:
     assert "port-forward svc/smg-router-admin 30001:30001" in enabled.notes
-    assert "NetworkPolicy smg-router lets only the operator and the configured peers reach that port" in enabled.notes
+    assert (
+        "NetworkPolicy smg-router lets only the operator, the other router replicas and the configured peers reach "
+        "that port" in enabled.notes
+    )
     assert "smg-router-admin" not in render({"router": {"adminPort": 0}}).notes
