@@ -14,10 +14,11 @@ too) and is asked no more.  Peers come from ``--peer URL`` and from ``--peers-dn
 Service: every ready replica's address, re-resolved every DNS_INTERVAL).
 
 Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
-BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is
-dropped, not retried: a route is a hint about a cache, and a late one is a wrong one.  ``in_sync`` says whether
-every peer acknowledged a batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it
-does not, the policy falls back to what a replica with a partial tree does (rank-only placement).
+BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
+route is a hint about a cache, and a late one is a wrong one.  ``in_sync`` says whether every peer acknowledged a
+batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it does not, the policy falls
+back to what a replica without peers does (its own share of the backlog decides: rank-only placement for one of
+several replicas).
 """
 
 from __future__ import annotations
