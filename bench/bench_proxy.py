@@ -51,7 +51,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE / "routing"), str(ROOT / "tests")]
 
 from fleet import router_code, stop_all, wait_for  # noqa: E402
-from support.procs import Proc, Router, Sim, free_port, http_json, next_host  # noqa: E402
+from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host  # noqa: E402
 
 LUA = HERE / "wrk" / "post.lua"
 MODEL = "bench-model"
@@ -410,9 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 urls_ = [s.url for s in sims]
                 start = partial(start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code)
                 if t.endswith("+peer"):  # each the other's --peer; the second one only receives
-                    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
-                    while ports[1] == ports[0]:
-                        ports[1] = free_port("127.0.0.1")
+                    ports = free_ports(2)
                     routers[t] = [start(port=ports[0], peer=ports[1]), start(port=ports[1], peer=ports[0])]
                 else:
                     routers[t] = [start()]

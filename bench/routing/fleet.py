@@ -22,7 +22,7 @@ from pathlib import Path
 
 from capacity import CostModel
 from prometheus_client.parser import text_string_to_metric_families
-from support.procs import Proc, Router, Sim, free_port, http_json, next_host
+from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host
 from workloads import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,10 +193,7 @@ class Launch:
 def start_replicas(logs: Path, launch: Launch, *, count: int, tag: str) -> list[Router]:
     """``count`` replicas of ``launch.target``, each in front of every worker, all ready."""
     routers: list[Router] = []
-    ports: list[int] = []
-    while len(ports) < count:
-        if (port := free_port("127.0.0.1")) not in ports:
-            ports.append(port)
+    ports = free_ports(count)
     try:
         for i, port in enumerate(ports):
             name = f"{tag}-r{i}-{port}".replace(":", "-").replace("+", "-")

@@ -525,9 +525,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         aliases = resolve_aliases(pairs, a.model_id)
     except ValueError as e:
         parser.error(f"--model-alias: {e}")
+    peers: list[str] = []
     for url in a.peer:
         try:
-            normalize_url(url)
+            peers.append(normalize_url(url))
         except SpecError as e:
             parser.error(f"--peer {e}")
     if a.peers_dns is not None:
@@ -535,7 +536,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
             parser.error(f"--peers-dns takes HOST:PORT, got {a.peers_dns!r}")
     return Settings(
-        peers=PeerSettings(urls=tuple(normalize_url(u) for u in a.peer), dns=a.peers_dns or None),
+        peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None),
         routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(

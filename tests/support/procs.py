@@ -41,6 +41,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports (for processes that must know each other's before they start)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port(host)) not in ports:
+            ports.append(port)
+    return ports
+
+
 def http_json(
     method: str, url: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 10.0
 ) -> tuple[int, Any]:

@@ -19,6 +19,7 @@ from support.procs import (
     Router,
     Sim,
     free_port,
+    free_ports,
     http_json,
     http_json_headers,
     metric_value,
@@ -83,9 +84,7 @@ def sims(tmp_path: Path) -> Iterator[list[Sim]]:
 
 
 def pair(tmp_path: Path, sims: list[Sim], *, peers: bool) -> tuple[Router, Router]:
-    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
-    while ports[1] == ports[0]:
-        ports[1] = free_port("127.0.0.1")
+    ports = free_ports(2)
     urls = [s.url for s in sims]
     a, b = (
         start_router(
@@ -213,9 +212,7 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
 def test_replicas_find_each_other_by_a_dns_name_and_share_their_routes(tmp_path: Path, sims: list[Sim]) -> None:
     """``--peers-dns HOST:PORT`` (the chart's headless Service; here a numeric host, resolved the same way): each
     router finds the other, gets in sync, and a route on one is applied on the other."""
-    ports = [free_port("127.0.0.1"), free_port("127.0.0.1")]
-    while ports[1] == ports[0]:
-        ports[1] = free_port("127.0.0.1")
+    ports = free_ports(2)
     a, b = (
         start_router(tmp_path, workers=[sims[0].url], port=mine, args=["--peers-dns", f"127.0.0.1:{other}"])
         for mine, other in zip(ports, reversed(ports), strict=True)
