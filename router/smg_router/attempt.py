@@ -47,18 +47,30 @@ class Outcome(Enum):
 class AttemptGuard:
     """In-flight, processed and breaker outcome of one attempt.  Use as ``with``; it closes exactly once."""
 
-    __slots__ = ("_closed", "_metrics", "_outcome", "_registry", "_trial", "worker")
+    __slots__ = ("_closed", "_metrics", "_outcome", "_prefill", "_registry", "_started", "_trial", "worker")
 
-    def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics) -> None:
+    def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics, prefill_chars: int = 0) -> None:
         self.worker = worker
         self._registry = registry
         self._metrics = metrics
         self._outcome: Outcome | None = None
         self._closed = False
+        self._started = False
         worker.inflight += 1
+        self._prefill = prefill_chars
+        worker.prefilling += 1
+        worker.prefill_chars += prefill_chars
         worker.processed += 1
+        worker.sent_at = time.monotonic()
         self._trial = worker.breaker.acquire()
         self._publish()
+
+    def started(self) -> None:
+        """The answer's first chunk arrived: the worker has prefilled the prompt (``Worker.prefilling``)."""
+        if not self._started:
+            self._started = True
+            self.worker.prefilling -= 1
+            self.worker.prefill_chars -= self._prefill
 
     def answered(self, status: int) -> None:
         """The worker answered ``status`` in full: a failure for a 5xx, nothing for a 429, else a success."""
@@ -76,6 +88,7 @@ class AttemptGuard:
             return
         self._closed = True
         self.worker.inflight -= 1
+        self.started()
         self._publish()
         if self._outcome is Outcome.SUCCESS:
             self.worker.breaker.record_success()
@@ -129,4 +142,5 @@ class Attempts:
         t0 = time.perf_counter()
         worker = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
-        return AttemptGuard(worker, registry=self._registry, metrics=self._metrics)
+        prefill = len(req.text) if policy.last_prefill is None else policy.last_prefill
+        return AttemptGuard(worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)

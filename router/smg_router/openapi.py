@@ -310,9 +310,10 @@ SCHEMAS: dict[str, Schema] = {
             "breaker": {"type": "string"},
             "load": {
                 "type": "object",
-                "required": ["inflight", "backend", "processed"],
+                "required": ["inflight", "prefilling", "backend", "processed"],
                 "properties": {
                     "inflight": {"type": "integer"},
+                    "prefilling": {"type": "integer"},
                     "backend": _nullable({"type": "integer"}),
                     "processed": {"type": "integer"},
                 },

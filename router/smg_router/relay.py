@@ -147,6 +147,7 @@ class Relay:
                     break  # the worker's body ended
                 if first:
                     first = False
+                    guard.started()
                     ttft = time.perf_counter() - req.started
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
                 try:

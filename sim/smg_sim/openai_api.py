@@ -202,13 +202,16 @@ async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncGenerator
             out["usage"] = None
         return out
 
-    if chat:
-        first = chunk(0, "", None)
-        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        yield first
+    started = not chat
+    """A chat's first chunk names the role; SGLang and vLLM send it with the first output, after the prefill."""
     finals: list[StepOutput] = []
     async with contextlib.aclosing(gen.run(state, call.prepared)) as outputs:
         async for index, out in outputs:
+            if not started:
+                started = True
+                first = chunk(0, "", None)
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                yield first
             if out.text:
                 yield chunk(index, out.text, None)
             if out.finish is not None:

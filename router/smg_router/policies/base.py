@@ -98,10 +98,15 @@ class Policy:
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
+        self.last_prefill: int | None = None
+        """The chars the last choice expects its worker to prefill (the prompt's part it does not hold), set by a
+        ``select`` that knows (cache_aware); None: the whole text.  Read by ``Attempts.open`` right after ``route``
+        (``Worker.prefill_chars``)."""
 
     def route(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
         """The request path's choice: pinned by the request's routing key when it has one (one rule for every
         policy, counted as branch ``session`` or ``stored``), else the policy's own ``select``."""
+        self.last_prefill = None
         key = req.routing_key
         if key is None:
             return self.select(workers, req, now)
@@ -155,3 +160,18 @@ def least_loaded(workers: Sequence[Worker], loads: Sequence[int], among: Iterabl
     """Index of the least-loaded worker; ties go to fewer processed, then to the earlier one."""
     indices = range(len(workers)) if among is None else among
     return min(indices, key=lambda i: (loads[i], workers[i].processed, i))
+
+
+PREFILL_BLOCK = 1024
+"""Chars of prefill that ``prefill_wait`` tells apart: how far each prefill got is unknown, so finer differences
+(two prompts of 995 and 1003 chars) say less than which was sent first."""
+
+
+def prefill_wait(worker: Worker) -> tuple[int, float]:
+    """Orders workers by how long a new prompt would wait there for its prefill, least first: engines prefill before
+    they decode, so what this router sent that has not started its answer is ahead of it (``Worker.prefill_chars``,
+    in blocks of PREFILL_BLOCK); of two with as much ahead, the one sent to longer ago is the nearer done.  A worker
+    that prefills nothing this router sent takes it at once, whatever it decodes."""
+    if not worker.prefilling:
+        return (0, 0.0)
+    return (-(-worker.prefill_chars // PREFILL_BLOCK), worker.sent_at)

@@ -12,11 +12,12 @@ routable workers:
 3. Match: ``rate = matched_chars / len(text)``; ``rate > cache_threshold`` (strictly) counts a tree hit
    (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
    placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
-   the system prompt every conversation shares says nothing of this one): the least-loaded routable holder of the
-   deepest matched node that is within the gate (branch ``hit``) -- unless a worker is warming up (below)
-   and is the rendezvous choice for the text (branch ``warmup``).  If every holder is over the gate, the
-   request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable, fallback
-   ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
+   the system prompt every conversation shares says nothing of this one): of the routable holders of the deepest
+   matched node that are within the gate, the one with the least left to prefill (``prefill_wait``: engines prefill
+   before they decode, so a prompt waits for the prefills ahead of it), then the least loaded (branch ``hit``) --
+   unless a worker is warming up (below) and is the rendezvous choice for the text (branch ``warmup``).  If every
+   holder is over the gate, the request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable,
+   fallback ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
    A prompt without a head (completions, ``/generate``: 0) has a hit on the rate alone.
 4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the leading
    ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message,
@@ -35,15 +36,20 @@ routable workers:
    when it holds what the whole fleet was sent: while its peers are in sync (``peers``: the other replicas tell it
    every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
    ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N
-   replicas about 1/N); such a router also weighs load among them, since no replica has to agree with it: the
-   best-ranked of them at most ALONE_SLACK requests busier than the least loaded (a new group or a unique prompt goes
-   where it waits least; the group's next requests follow it as hits). One of several replicas places every miss on
+   replicas about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with
+   it: first the workers with the least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes
+   the prompt at once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the
+   least loaded (a new group or a unique prompt goes where it waits least; the group's next requests follow it as
+   hits; before the prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). One of several
+   replicas places every miss on
    the first-ranked worker, as the others do: a move judged from one replica's partial tree is a move the others do
    not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one does;
    docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session 12). Measured on the
    routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87
-   (and the slack, session 11) of the tokens cached (oracle 0.88). Spills keep the first choice within the gate: load
-   decides them.
+   (and the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load
+   decides it) is placed as a miss is, so a lone router sends it where it waits least, not behind another burst;
+   replicas in sync with their peers spill by rank alone, so that every one spills a hot prefix to the same worker
+   (by their own prefills they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
@@ -77,7 +83,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
-from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, least_loaded
+from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, prefill_wait
 from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_ranked, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
@@ -170,6 +176,7 @@ class CacheAwarePolicy(Policy):
         def choose(match: Match) -> str:
             nonlocal chosen
             chosen = workers[self._choose_by_match(workers, loads, match, tree, model, text, req.head)]
+            self.last_prefill = len(text) - (match.matched_chars if chosen.url in match.tenants else 0)
             return chosen.url
 
         tree.match_and_insert(text, choose)
@@ -243,7 +250,7 @@ class CacheAwarePolicy(Policy):
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
             usable = [i for i in holders if ok[i]]
             if usable:
-                best = least_loaded(workers, loads, usable)
+                best = min(usable, key=lambda i: (prefill_wait(workers[i]), loads[i], workers[i].processed))
                 warming = self._warming(workers, tree)
                 if warming:
                     home = self._place(workers, ok, key_text)
@@ -256,7 +263,9 @@ class CacheAwarePolicy(Policy):
             if holders:
                 m.decisions.labels(model, role, "spill").inc()
                 self.fallback(model, "imbalance")
-                return self._place(workers, ok, key_text)
+                if self.ctx.peers.in_sync():  # replicas agree where a hot prefix spills (module docstring, 4)
+                    return self._place(workers, ok, key_text)
+                return self._place_new(workers, loads, ok, key_text, tree, len(text))
             self.fallback(model, "stale_tenant")
         if not all(ok):
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
@@ -279,10 +288,10 @@ class CacheAwarePolicy(Policy):
         tree: RadixTree,
         size: int,
     ) -> int:
-        """A miss: among the first ``placement_choices`` ranked workers (0: all), those whose share of the tree has
-        room left for the prompt under its KV cap (all of them when none has), the best-ranked no more than
-        ALONE_SLACK busier than the least loaded of them; by rank alone for one of several replicas (module
-        docstring, 4)."""
+        """A miss or a spill: among the first ``placement_choices`` ranked workers (0: all), those with the least this
+        router sent left to prefill, of those the ones whose share of the tree has room left for the prompt under its
+        KV cap, then the best-ranked no more than ALONE_SLACK busier than the least loaded; by rank alone for one of
+        several replicas (module docstring, 4)."""
         s = self.ctx.settings
         if s.placement_choices == 1:
             return self._place(workers, ok, key_text)
@@ -290,9 +299,13 @@ class CacheAwarePolicy(Policy):
         ranked = rendezvous_ranked(workers, ok, key, s.placement_choices or len(workers))
         if len(ranked) == 1 or not self._sees_the_traffic():
             return ranked[0]
-        roomy = [i for i in ranked if self._has_room(tree, workers[i], size, key)] or ranked
-        least = min(loads[i] for i in roomy)
-        return next(i for i in roomy if loads[i] <= least + ALONE_SLACK)
+        full = {i for i in ranked if not self._has_room(tree, workers[i], size, key)}
+        least = min(loads[i] for i in ranked)
+
+        def order(i: int) -> tuple[tuple[int, float], bool, int]:
+            return prefill_wait(workers[i]), i in full, max(0, loads[i] - least - ALONE_SLACK)
+
+        return min(ranked, key=order)  # ties go to the best-ranked
 
     def _sees_the_traffic(self) -> bool:
         """Whether this router's tree knows what the engines hold well enough to judge room: its peers are in sync

@@ -137,7 +137,19 @@ class WorkerSpec:
 class Worker:
     """A registered worker and its run-time state.  The registry owns it; policies only read it."""
 
-    __slots__ = ("breaker", "health_failures", "health_successes", "id", "inflight", "processed", "spec", "status")
+    __slots__ = (
+        "breaker",
+        "health_failures",
+        "health_successes",
+        "id",
+        "inflight",
+        "prefill_chars",
+        "prefilling",
+        "processed",
+        "sent_at",
+        "spec",
+        "status",
+    )
 
     def __init__(self, spec: WorkerSpec, breaker: CircuitBreaker) -> None:
         self.spec = spec
@@ -146,8 +158,17 @@ class Worker:
         self.breaker = breaker
         self.inflight = 0
         """Requests this router has in flight to the worker (the local count)."""
+        self.prefilling = 0
+        """Those of them whose answer has not started (no chunk of a stream yet; a whole answer until it ends): what
+        the engine still prefills (engines prefill before they decode, so a prompt sent to a worker busy prefilling
+        waits for it; how many requests it decodes says little of that)."""
+        self.prefill_chars = 0
+        """The chars those still have to prefill, as the policy expected when it chose (a prompt's uncached part)."""
         self.processed = 0
         """Requests this router has sent to the worker, for tie-breaks."""
+        self.sent_at = 0.0
+        """Monotonic time this router last sent it a request: of two workers prefilling, the one sent to longer
+        ago is the nearer done."""
         self.health_failures = 0
         self.health_successes = 0
 
@@ -185,5 +206,11 @@ class Worker:
             "status": self.status.value,
             "routable": self.routable,
             "breaker": self.breaker.state.value,
-            "load": {"inflight": self.inflight, "backend": backend_load, "processed": self.processed},
+            "load": {
+                "inflight": self.inflight,
+                "prefilling": self.prefilling,
+                "prefill_chars": self.prefill_chars,
+                "backend": backend_load,
+                "processed": self.processed,
+            },
         }

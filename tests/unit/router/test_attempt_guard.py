@@ -29,6 +29,18 @@ def test_counts_in_while_open_and_out_once_closed() -> None:
     assert worker.inflight == 0 and worker.processed == 1 and _inflight_gauge(metrics, worker) == 0
 
 
+def test_an_attempt_prefills_until_its_answer_starts_or_it_ends() -> None:
+    worker, registry, metrics = _setup()
+    with AttemptGuard(worker, registry=registry, metrics=metrics, prefill_chars=300) as streamed:
+        with AttemptGuard(worker, registry=registry, metrics=metrics, prefill_chars=40):  # a whole answer: to its end
+            assert (worker.prefilling, worker.prefill_chars) == (2, 340) and worker.sent_at > 0
+        assert (worker.prefilling, worker.prefill_chars) == (1, 300)
+        streamed.started()
+        streamed.started()  # the first chunk counts it out once
+        assert (worker.prefilling, worker.prefill_chars, worker.inflight) == (0, 0, 1)
+    assert (worker.prefilling, worker.prefill_chars, worker.inflight) == (0, 0, 0)
+
+
 @pytest.mark.parametrize(("status", "failures_after_3"), [(500, 3), (503, 3), (429, 0), (404, 0), (200, 0)])
 def test_one_rule_for_what_a_status_means_to_the_breaker(status: int, failures_after_3: int) -> None:
     worker, registry, metrics = _setup()

@@ -750,6 +750,58 @@ def test_a_router_that_sends_the_traffic_places_a_miss_where_it_waits_least_amon
     assert p.select(workers, RouteRequest("m", three), NOW) is workers[r[0]]  # by rank, though busier
 
 
+def test_a_lone_routers_miss_goes_where_its_prefill_waits_least() -> None:
+    """Engines prefill before they decode: a prompt sent to a worker still prefilling others waits for them.  A lone
+    router's miss goes to the best-ranked worker prefilling nothing it sent, else to the one with the fewest chars
+    left to prefill (as many: the one sent to longest ago, the nearer done), whatever they decode."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(balance_abs_threshold=100)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = _policy(env, workers)
+
+    def ranked(text: str) -> list[int]:
+        return rendezvous_ranked(workers, [True] * 4, placement_key(text, 1024), 4)
+
+    def prefilling(order: list[int], *queued: tuple[int, int, float]) -> None:
+        for i, (count, chars, at) in zip(order, queued, strict=True):
+            workers[i].prefilling, workers[i].prefill_chars, workers[i].sent_at = count, chars, at
+
+    text = "a new prompt " * 100
+    r = ranked(text)
+    prefilling(r, (1, 3000, 30.0), (1, 1000, 10.0), (1, 2000, 20.0), (0, 0, 0.0))  # the last-ranked prefills nothing
+    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[3]]
+    assert p.last_prefill == len(text)  # a miss: the engine prefills all of it
+    text = "another prompt " * 90
+    r = ranked(text)  # all prefill; the third-ranked has the most requests but the fewest chars (cached prefixes)
+    prefilling(r, (1, 4000, 1.0), (1, 2000, 2.0), (3, 300, 3.0), (2, 3000, 4.0))
+    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[2]]
+    text = "yet another " * 100
+    r = ranked(text)
+    prefilling(r, (1, 1000, 53.0), (1, 1000, 52.0), (1, 1000, 51.0), (1, 1000, 50.0))  # as much: the oldest
+    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[3]]
+    text = "and a fourth " * 80
+    r = ranked(text)
+    prefilling(r, *[(0, 0, 0.0)] * 4)
+    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[0]]  # nobody prefills: rank decides
+
+
+def test_a_hit_goes_to_the_holder_with_the_least_left_to_prefill_and_says_what_it_will_prefill(env: Env) -> None:
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    prefix = "the manual of the machine. " * 60
+    for w in workers[:2]:  # two holders (a spill made the second)
+        assert p.observe("m", w.url, prefix + "first question", 0)
+    env.loads.record(workers[0].id, 1, at=NOW)
+    env.loads.record(workers[1].id, 3, at=NOW)  # busier, within the gate
+    workers[0].prefilling, workers[0].prefill_chars, workers[0].sent_at = 1, 2500, 5.0
+    text = prefix + "second question"
+    assert p.select(workers, RouteRequest("m", text), NOW) is workers[1]  # waits for nothing there
+    assert p.last_prefill is not None and p.last_prefill <= len(text) - len(prefix)  # only the new question
+    workers[0].prefilling = workers[0].prefill_chars = 0
+    assert p.select(workers, RouteRequest("m", prefix + "third question"), NOW) is workers[0]  # less loaded
+
+
 class FakePeers:
     """The policy's view of its peers (``policies.base.Peers``): in sync or not, and what it was told to tell."""
 
@@ -797,3 +849,31 @@ def test_a_replica_whose_peers_are_in_sync_judges_room_from_their_routes_too() -
     assert p.select(workers, RouteRequest("m", group(mine[0]) + " next"), NOW) is workers[0]  # a peer's group: a hit
     peers.synced = False
     assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[0]  # by rank, though full
+
+
+def test_a_lone_router_spills_where_the_prefill_waits_least_and_replicas_in_sync_by_rank() -> None:
+    """A spill is placed as a miss is: alone, away from a worker busy prefilling; in sync with peers, by rank alone
+    (every replica spills a hot prefix to the same worker, whatever its own prefills)."""
+    from smg_router.policies.factory import PolicyFactory
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env()
+    peers = FakePeers()
+    peers.synced = False
+    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
+    workers = [make_worker(i) for i in (2, 3, 4, 5)]
+    p = factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    text = "a hot prompt " * 80
+    holder = p.select(workers, RouteRequest("m", text), NOW)
+    for w in workers:  # the holder far over the gate, with this router's requests (it sends the traffic)
+        load = 500 if w is holder else 0
+        env.loads.record(w.id, load, at=NOW, inflight=load)
+    ok = [w is not holder for w in workers]
+    first, second = rendezvous_ranked(workers, ok, placement_key(text, 1024), 2)
+    workers[first].prefilling, workers[first].prefill_chars, workers[first].sent_at = 2, 4000, 1.0
+    assert p.select(workers, RouteRequest("m", text + " again"), NOW) is workers[second]  # alone: waits less
+    env.loads.record(workers[second].id, 500, at=NOW, inflight=500)  # it holds the prefix now: over the gate too
+    peers.synced = True
+    assert p.select(workers, RouteRequest("m", text + " and again"), NOW) is workers[first]  # in sync: by rank
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 2
