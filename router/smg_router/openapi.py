@@ -310,10 +310,11 @@ SCHEMAS: dict[str, Schema] = {
             "breaker": {"type": "string"},
             "load": {
                 "type": "object",
-                "required": ["inflight", "prefilling", "backend", "processed"],
+                "required": ["inflight", "prefilling", "prefill_chars", "backend", "processed"],
                 "properties": {
                     "inflight": {"type": "integer"},
                     "prefilling": {"type": "integer"},
+                    "prefill_chars": {"type": "integer"},
                     "backend": _nullable({"type": "integer"}),
                     "processed": {"type": "integer"},
                 },

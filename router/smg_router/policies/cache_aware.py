@@ -41,15 +41,14 @@ routable workers:
    the prompt at once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the
    least loaded (a new group or a unique prompt goes where it waits least; the group's next requests follow it as
    hits; before the prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). One of several
-   replicas places every miss on
-   the first-ranked worker, as the others do: a move judged from one replica's partial tree is a move the others do
-   not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one does;
-   docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session 12). Measured on the
-   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87
-   (and the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load
-   decides it) is placed as a miss is, so a lone router sends it where it waits least, not behind another burst;
-   replicas in sync with their peers spill by rank alone, so that every one spills a hot prefix to the same worker
-   (by their own prefills they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
+   replicas places every miss on the first-ranked worker, as the others do: a move judged from one replica's partial
+   tree is a move the others do not make, and the group ends up cached twice (with rank only, 8 replicas cache
+   exactly what one does; docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session
+   12). Measured on the routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86
+   (every worker) -> 0.87 (and the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are
+   over the gate: load decides it) is placed as a miss is, so a lone router sends it where it waits least, not behind
+   another burst; replicas in sync with their peers spill by rank alone, so that every one spills a hot prefix to the
+   same worker (by their own prefills they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
