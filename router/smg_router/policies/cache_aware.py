@@ -80,10 +80,17 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, prefill_wait
-from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_ranked, within_gate
+from smg_router.policies.placement import (
+    placement_key,
+    rendezvous_pick,
+    rendezvous_ranked,
+    rendezvous_score,
+    within_gate,
+)
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -94,6 +101,15 @@ ALONE_SLACK = 1
 at most this many requests busier than the least loaded of them (module docstring, 4)."""
 UNKNOWN_SLOTS = 16
 """Placement keys kept for a worker whose engine has not said yet whether it keeps one prompt per slot."""
+
+
+def _least(among: list[int], key: Callable[[int], Any]) -> list[int]:
+    """The workers of ``among`` (in its order) with the least ``key``; ``key`` is not asked when one is left."""
+    if len(among) == 1:
+        return among
+    keys = [key(i) for i in among]
+    best = min(keys)
+    return [i for i, k in zip(among, keys, strict=True) if k == best]
 
 
 class CacheAwarePolicy(Policy):
@@ -116,7 +132,7 @@ class CacheAwarePolicy(Policy):
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
-        self._held: dict[str, OrderedDict[bytes, None]] = {}
+        self._held: dict[str, OrderedDict[int, None]] = {}
         """worker url -> placement keys of the last prompts this router sent it, oldest first, at most one per slot,
         for a worker whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold.
         Dropped by ``sync`` when the worker leaves."""
@@ -295,16 +311,19 @@ class CacheAwarePolicy(Policy):
         if s.placement_choices == 1:
             return self._place(workers, ok, key_text)
         key = placement_key(key_text, s.placement_prefix_chars)
-        ranked = rendezvous_ranked(workers, ok, key, s.placement_choices or len(workers))
-        if len(ranked) == 1 or not self._sees_the_traffic():
-            return ranked[0]
-        full = {i for i in ranked if not self._has_room(tree, workers[i], size, key)}
-        least = min(loads[i] for i in ranked)
-
-        def order(i: int) -> tuple[tuple[int, float], bool, int]:
-            return prefill_wait(workers[i]), i in full, max(0, loads[i] - least - ALONE_SLACK)
-
-        return min(ranked, key=order)  # ties go to the best-ranked
+        if not self._sees_the_traffic():
+            return rendezvous_pick(workers, ok, key)
+        if s.placement_choices:
+            among = rendezvous_ranked(workers, ok, key, s.placement_choices)
+        else:
+            among = [i for i, fits in enumerate(ok) if fits]
+        least = min(loads[i] for i in among)
+        # one criterion after the other, each asked only of the workers the ones before left tied (under load the
+        # prefill order alone decides, and the room checks are not made)
+        among = _least(among, lambda i: prefill_wait(workers[i]))
+        among = _least(among, lambda i: not self._has_room(tree, workers[i], size, key))
+        among = _least(among, lambda i: max(0, loads[i] - least - ALONE_SLACK))
+        return among[0] if len(among) == 1 else max(among, key=lambda i: rendezvous_score(key, workers[i].id))
 
     def _sees_the_traffic(self) -> bool:
         """Whether this router's tree knows what the engines hold well enough to judge room: its peers are in sync
@@ -315,7 +334,7 @@ class CacheAwarePolicy(Policy):
         share = self.ctx.loads.own_share()
         return share is None or share >= ALONE_SHARE
 
-    def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: bytes) -> bool:
+    def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: int) -> bool:
         """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room); for an
         engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more

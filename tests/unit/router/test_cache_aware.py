@@ -207,14 +207,22 @@ def test_unroutable_holder_counts_stale_tenant(env: Env) -> None:
 def test_sync_removes_a_worker_from_the_tree_and_keeps_others(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
-    a = p.select(workers, RouteRequest("m", "a" * 100), NOW)
-    a.processed += 1
-    b = p.select(workers, RouteRequest("m", "b" * 100), NOW)
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    def first_on(i: int) -> str:  # a prompt that ranks first on workers[i]
+        return next(
+            t
+            for c in "abcdefgh"
+            if rendezvous_ranked(workers, [True, True], placement_key(t := c * 100, 1024), 1) == [i]
+        )
+
+    a = p.select(workers, RouteRequest("m", first_on(0)), NOW)
+    b = p.select(workers, RouteRequest("m", b_text := first_on(1)), NOW)
     assert a is not b
     p.sync([b])
     sizes = {w: c for _, w, c in p.tree_sizes()}
     assert sizes == {b.url: 100}
-    assert p.select([b], RouteRequest("m", "b" * 100), NOW) is b
+    assert p.select([b], RouteRequest("m", b_text), NOW) is b
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 1
 
 
@@ -576,7 +584,7 @@ def test_a_worker_that_joins_a_serving_fleet_takes_up_the_groups_rendezvous_plac
     and only those: every other group stays where it is cached."""
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, workers)
-    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
+    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(80)]
     before = _grow(p, workers, groups)
     newcomer = make_worker(5)
     env.loads.record(newcomer.id, 0, at=NOW)
@@ -585,7 +593,8 @@ def test_a_worker_that_joins_a_serving_fleet_takes_up_the_groups_rendezvous_plac
     _, fresh_replica, fresh_workers = _replica((2, 3, 4, 5))  # where a fleet of four places each group
     home = _grow(fresh_replica, fresh_workers, groups)
     moved = [g for g in groups if home[g] == newcomer.url]
-    assert 3 <= len(moved) <= 20, len(moved)
+    # fewer than a third: past that the newcomer would hold the mean share before the last of them moved
+    assert 3 <= len(moved) < len(groups) // 3, len(moved)
     after = _grow(p, fleet, groups, " next question")
     assert {g for g in groups if after[g] == newcomer.url} == set(moved)
     assert all(after[g] == before[g] for g in groups if g not in moved)
