@@ -9,6 +9,14 @@ guard is the only code that touches a worker's in-flight count, processed count 
 (the Rust SMG's ``WorkerLoadGuard``): it counts the attempt in when it opens, and when it closes (at the
 end of the response, however it ends) it counts it out and hands the outcome to the breaker.
 
+A burst on one new prefix (``Holds``): requests that arrive together with the same leading chars are all routed to
+the worker that takes the first, which has not cached them yet; sent at once, each would prefill the whole prefix
+again (an engine caches a prompt once its prefill is done).  So the first streamed request sent to a worker that did
+not hold its prefix (``Policy.last_cold``) leads, and the requests routed after it to the same worker with the same
+leading chars (``Policy.last_prefix``) wait, up to ``--prefill-hold-seconds``, until its answer starts (its first
+streamed chunk: the engine has prefilled it) or it ends, then go out and find the prefix cached.  A request that is
+not streamed never leads: the router sees its prefill end only with its whole answer.
+
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
 fault: it is retried elsewhere but leaves the breaker alone.  A client that goes away is no outcome.
@@ -16,8 +24,9 @@ fault: it is retried elsewhere but leaves the breaker alone.  A client that goes
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from enum import Enum
 from types import TracebackType
 
@@ -47,7 +56,18 @@ class Outcome(Enum):
 class AttemptGuard:
     """In-flight, processed and breaker outcome of one attempt.  Use as ``with``; it closes exactly once."""
 
-    __slots__ = ("_closed", "_metrics", "_outcome", "_prefill", "_registry", "_started", "_trial", "worker")
+    __slots__ = (
+        "_closed",
+        "_metrics",
+        "_outcome",
+        "_prefill",
+        "_registry",
+        "_started",
+        "_trial",
+        "behind",
+        "on_started",
+        "worker",
+    )
 
     def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics, prefill_chars: int = 0) -> None:
         self.worker = worker
@@ -56,6 +76,10 @@ class AttemptGuard:
         self._outcome: Outcome | None = None
         self._closed = False
         self._started = False
+        self.on_started: Callable[[], None] | None = None
+        """Set when this attempt leads a burst (``Holds``): releases the requests waiting for its prefill."""
+        self.behind: asyncio.Future[None] | None = None
+        """The prefill this attempt waits for before it is sent (``Holds``), or None."""
         worker.inflight += 1
         self._prefill = prefill_chars
         worker.prefilling += 1
@@ -71,6 +95,8 @@ class AttemptGuard:
             self._started = True
             self.worker.prefilling -= 1
             self.worker.prefill_chars -= self._prefill
+            if self.on_started is not None:
+                self.on_started()
 
     def answered(self, status: int) -> None:
         """The worker answered ``status`` in full: a failure for a 5xx, nothing for a 429, else a success."""
@@ -111,27 +137,90 @@ class AttemptGuard:
             self._metrics.worker_inflight.labels(w.url, w.role).set(w.inflight)
 
 
+class Holds:
+    """The bursts in prefill: per worker, the leading chars of each streamed request that brings them to the worker
+    and has not started its answer yet (module docstring)."""
+
+    def __init__(self, *, seconds: float, metrics: Metrics) -> None:
+        self.seconds = seconds
+        """The longest a request waits for the prefill it is behind; 0: nobody waits."""
+        self._metrics = metrics
+        self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
+        """worker id -> leading chars -> released when the request that brought them there starts its answer."""
+
+    def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
+        """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
+        if prefix is None or self.seconds <= 0:
+            return
+        worker_id = guard.worker.id
+        leading = self._leading.get(worker_id)
+        if leading is not None and (ahead := leading.get(prefix)) is not None:
+            guard.behind = ahead
+        elif cold and streamed:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._leading.setdefault(worker_id, {})[prefix] = done
+            guard.on_started = lambda: self._release(worker_id, prefix, done)
+
+    def _release(self, worker_id: str, prefix: str, done: asyncio.Future[None]) -> None:
+        leading = self._leading.get(worker_id)
+        if leading is not None and leading.get(prefix) is done:
+            del leading[prefix]
+            if not leading:
+                del self._leading[worker_id]
+        if not done.done():
+            done.set_result(None)
+
+    async def wait(self, guard: AttemptGuard, model: str, role: str) -> None:
+        """Wait, at most ``seconds``, for the prefill the attempt is behind (none: at once)."""
+        ahead = guard.behind
+        if ahead is None:
+            return
+        guard.behind = None
+        if not ahead.done():
+            await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
+        self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
+
+    def leading(self) -> int:
+        """How many bursts are in their first prefill (for tests and the admin view)."""
+        return sum(map(len, self._leading.values()))
+
+
 class Attempts:
     """Opens attempts: selection by the model's policy among the routable workers, then a guard."""
 
     def __init__(
-        self, *, registry: WorkerRegistry, policies: PolicyRegistry, metrics: Metrics, by_load: Policy | None = None
+        self,
+        *,
+        registry: WorkerRegistry,
+        policies: PolicyRegistry,
+        metrics: Metrics,
+        by_load: Policy | None = None,
+        hold_seconds: float = 0.0,
     ) -> None:
         self._registry = registry
         self._policies = policies
         self._metrics = metrics
         self._by_load = by_load
         """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
+        self.holds = Holds(seconds=hold_seconds, metrics=metrics)
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""
         return any(w.routable and w.id not in exclude for w in self._registry.serving(role, req.model))
 
     def open(
-        self, role: str, req: RouteRequest, exclude: Collection[str] = (), *, by_load: bool = False
+        self,
+        role: str,
+        req: RouteRequest,
+        exclude: Collection[str] = (),
+        *,
+        by_load: bool = False,
+        streamed: bool | None = None,
     ) -> AttemptGuard:
         """The guard of a newly chosen worker; 503 when no routable worker is left.  ``by_load``: the
-        least-loaded one, not the model's policy's choice (endpoints whose cost no cached prefix lowers)."""
+        least-loaded one, not the model's policy's choice (endpoints whose cost no cached prefix lowers).
+        ``streamed`` (whether the answer is streamed): the attempt takes part in ``holds`` (the caller then awaits
+        ``holds.wait`` before it sends); None: it does not."""
         candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]
         if not candidates:
             what = "other " if exclude else ""
@@ -143,4 +232,7 @@ class Attempts:
         worker = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
         prefill = len(req.text) if policy.last_prefill is None else policy.last_prefill
-        return AttemptGuard(worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
+        guard = AttemptGuard(worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
+        if streamed is not None:
+            self.holds.arrange(guard, policy.last_prefix, cold=policy.last_cold, streamed=streamed)
+        return guard

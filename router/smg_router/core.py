@@ -83,6 +83,7 @@ class RouterCore:
             pd_mode=settings.pd.mode if settings.pd.enabled else None,
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
             routing=settings.routing,  # session key header, model aliases
+            hold_seconds=settings.policy.prefill_hold_seconds,  # a burst on a new prefix waits for its first prefill
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(

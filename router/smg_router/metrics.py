@@ -329,6 +329,14 @@ class Metrics:
             buckets=_RATIO_BUCKETS,
             registry=r,
         )
+        self.prefill_holds = CounterFamily(
+            "smg_prefill_holds",
+            "Requests held back until the first request of a burst on the same new prefix, sent to the same worker, "
+            "had its prefill done (--prefill-hold-seconds), by outcome: released (it started its answer or ended), "
+            "timed_out (sent after the hold's bound)",
+            ("model", "role", "outcome"),
+            registry=r,
+        )
         self.evictions = CounterFamily(
             "smg_cache_tree_evictions", "Characters evicted from cache-aware trees", ("model", "role"), registry=r
         )

@@ -60,6 +60,7 @@ class Proxy:
         pd_mode: str | None = None,
         by_load: Policy | None = None,
         routing: RoutingSettings | None = None,
+        hold_seconds: float = 0.0,
     ) -> None:
         self._registry = registry
         self._routing = routing or RoutingSettings()
@@ -69,7 +70,9 @@ class Proxy:
         self._upstream = upstream
         self._metrics = metrics
         self._retry = retry
-        self._attempts = Attempts(registry=registry, policies=policies, metrics=metrics, by_load=by_load)
+        self._attempts = Attempts(
+            registry=registry, policies=policies, metrics=metrics, by_load=by_load, hold_seconds=hold_seconds
+        )
         self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
@@ -158,7 +161,7 @@ class Proxy:
                 self._metrics.retries.labels(req.endpoint).inc()
                 await asyncio.sleep(self._retry.backoff(attempt))
             try:
-                guard = self._attempts.open(role, req, exclude=tried, by_load=req.by_load)
+                guard = self._attempts.open(role, req, exclude=tried, by_load=req.by_load, streamed=req.stream)
             except NoWorkerAvailable:
                 if last_error is not None:
                     break
@@ -166,6 +169,7 @@ class Proxy:
             worker = guard.worker
             tried.add(worker.id)
             with guard:
+                await self._attempts.holds.wait(guard, req.model, role)  # behind a burst's first prefill, if any
                 try:
                     upstream = await self._send(worker.url + req.endpoint, req)
                 except (UpstreamConnectError, TimeoutError) as e:

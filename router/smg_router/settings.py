@@ -69,6 +69,10 @@ class PolicySettings:
     for this long, while it holds less than the mean share of a model's tree: a hit whose rendezvous choice
     is that worker goes to it when it is no busier than the holders (branch ``warmup``), so it takes up the
     groups every replica would have placed there, instead of only the new groups that arrive.  0: off."""
+    prefill_hold_seconds: float = 10.0
+    """A burst on one new prefix: the requests routed to the worker that takes its first streamed request wait, at
+    most this long, until that request's answer starts (the engine then holds the prefix: they prefill only their
+    own tails instead of the whole prefix each, at once), ``attempt.Holds``.  0: nobody waits."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -347,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="a worker that joined a serving fleet takes the hits placed on it for this long (0: off)",
     )
+    add(
+        "--prefill-hold-seconds",
+        pol.prefill_hold_seconds,
+        type=float,
+        help="requests on a new prefix wait at most this long for the first one's prefill on their worker (0: off)",
+    )
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
     add(
@@ -469,6 +479,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--tree-chars-per-token must be 0 (no cap) or a positive number of chars")
     if not 0.0 <= a.warmup_seconds < 1e9:  # NaN fails this too
         parser.error("--warmup-seconds must be 0 (off) or a positive number of seconds")
+    if not 0.0 <= a.prefill_hold_seconds < 1e6:  # NaN fails this too
+        parser.error("--prefill-hold-seconds must be 0 (off) or a positive number of seconds")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -569,6 +581,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             placement_choices=a.placement_choices,
             tree_chars_per_token=a.tree_chars_per_token,
             warmup_seconds=a.warmup_seconds,
+            prefill_hold_seconds=a.prefill_hold_seconds,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),

@@ -102,11 +102,18 @@ class Policy:
         """The chars the last choice expects its worker to prefill (the prompt's part it does not hold), set by a
         ``select`` that knows (cache_aware); None: the whole text.  Read by ``Attempts.open`` right after ``route``
         (``Worker.prefill_chars``)."""
+        self.last_prefix: str | None = None
+        """The leading chars by which the last choice knows the prompt (what placement hashes: cache_aware), set by
+        a ``select`` that places by them; None: the policy keeps no prefixes.  Read by ``Attempts.open`` (a burst on
+        one prefix waits for its first prefill: ``attempt.Holds``)."""
+        self.last_cold = False
+        """Whether the last choice's worker did not hold ``last_prefix`` before this request (a miss or a spill)."""
 
     def route(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
         """The request path's choice: pinned by the request's routing key when it has one (one rule for every
         policy, counted as branch ``session`` or ``stored``), else the policy's own ``select``."""
-        self.last_prefill = None
+        self.last_prefill = self.last_prefix = None
+        self.last_cold = False
         key = req.routing_key
         if key is None:
             return self.select(workers, req, now)

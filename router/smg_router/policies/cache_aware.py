@@ -191,7 +191,10 @@ class CacheAwarePolicy(Policy):
         def choose(match: Match) -> str:
             nonlocal chosen
             chosen = workers[self._choose_by_match(workers, loads, match, tree, model, text, req.head)]
-            self.last_prefill = len(text) - (match.matched_chars if chosen.url in match.tenants else 0)
+            held = match.matched_chars if chosen.url in match.tenants else 0
+            self.last_prefill = len(text) - held
+            self.last_prefix = prefix = text[: min(req.head or len(text), self.ctx.settings.placement_prefix_chars)]
+            self.last_cold = held < len(prefix)
             return chosen.url
 
         tree.match_and_insert(text, choose)

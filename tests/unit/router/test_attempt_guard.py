@@ -101,3 +101,68 @@ def test_a_half_open_worker_takes_one_trial_and_an_outcome_less_end_frees_it() -
     with AttemptGuard(worker, registry=registry, metrics=metrics) as trial:
         trial.answered(200)
     assert worker.routable and worker.breaker.state == "closed"
+
+
+def _sample(metrics: Metrics, outcome: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "smg_prefill_holds_total", {"model": "m", "role": "regular", "outcome": outcome}
+    )
+    return 0.0 if value is None else value
+
+
+async def test_requests_on_a_prefix_in_its_first_prefill_wait_for_it_on_that_worker_only() -> None:
+    """``Holds``: the first streamed attempt that brings a prefix to a worker leads; attempts after it with the same
+    prefix on the same worker wait until it starts its answer; another prefix, another worker, or a prefix the worker
+    already held (not cold) do not; a request that is not streamed never leads."""
+    import asyncio
+
+    from smg_router.attempt import Holds
+
+    worker, registry, metrics = _setup()
+    other = make_worker(3)
+    registry.add(other)
+    holds = Holds(seconds=5.0, metrics=metrics)
+
+    def guard(on=worker):  # type: ignore[no-untyped-def]
+        return AttemptGuard(on, registry=registry, metrics=metrics)
+
+    whole = guard()
+    holds.arrange(whole, "doc A", cold=True, streamed=False)  # not streamed: its prefill end is not seen
+    assert holds.leading() == 0
+    leader = guard()
+    holds.arrange(leader, "doc A", cold=True, streamed=True)
+    assert holds.leading() == 1
+    behind, elsewhere, unrelated = guard(), guard(other), guard()
+    holds.arrange(behind, "doc A", cold=False, streamed=True)
+    holds.arrange(elsewhere, "doc A", cold=False, streamed=True)
+    holds.arrange(unrelated, "doc B", cold=False, streamed=True)
+    assert behind.behind is not None and elsewhere.behind is None and unrelated.behind is None
+    waiting = asyncio.ensure_future(holds.wait(behind, "m", "regular"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    leader.started()  # its first chunk: the engine holds the prefix now
+    await asyncio.wait_for(waiting, 1)
+    assert holds.leading() == 0 and _sample(metrics, "released") == 1
+    later = guard()
+    holds.arrange(later, "doc A", cold=False, streamed=True)
+    assert later.behind is None  # the burst is over: nobody waits any more
+    await holds.wait(later, "m", "regular")
+    assert _sample(metrics, "released") == 1  # only a request that was behind one counts
+
+
+async def test_a_hold_ends_with_its_leader_or_after_the_bound() -> None:
+    from smg_router.attempt import Holds
+
+    worker, registry, metrics = _setup()
+    holds = Holds(seconds=0.05, metrics=metrics)
+    leader, behind = (AttemptGuard(worker, registry=registry, metrics=metrics) for _ in range(2))
+    holds.arrange(leader, "doc", cold=True, streamed=True)
+    holds.arrange(behind, "doc", cold=False, streamed=True)
+    await holds.wait(behind, "m", "regular")  # the leader neither starts nor ends: the bound lets it go
+    assert _sample(metrics, "timed_out") == 1 and holds.leading() == 1
+    leader.close()  # a leader that fails or ends without a chunk releases too
+    assert holds.leading() == 0
+    off = Holds(seconds=0.0, metrics=metrics)
+    first = AttemptGuard(worker, registry=registry, metrics=metrics)
+    off.arrange(first, "doc", cold=True, streamed=True)
+    assert off.leading() == 0  # 0: nobody leads, nobody waits

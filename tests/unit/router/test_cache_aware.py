@@ -886,3 +886,20 @@ def test_a_lone_router_spills_where_the_prefill_waits_least_and_replicas_in_sync
     peers.synced = True
     assert p.select(workers, RouteRequest("m", text + " and again"), NOW) is workers[first]  # in sync: by rank
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 2
+
+
+def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_its_worker_held_them(env: Env) -> None:
+    """``last_prefix`` / ``last_cold`` (read by ``attempt.Holds``): the leading chars placement hashes (a chat's head,
+    at most placement_prefix_chars), and whether the chosen worker held them before this request."""
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    doc = "manual: " + "x" * 2000
+    p.route(workers, RouteRequest("m", doc + " first question"), NOW)
+    assert p.last_prefix == doc[:1024] and p.last_cold
+    p.route(workers, RouteRequest("m", doc + " second question"), NOW)
+    assert p.last_prefix == doc[:1024] and not p.last_cold  # a hit on the holder
+    chat = "<|system|>be brief\n<|user|>hello\n"
+    p.route(workers, RouteRequest("m", chat + "<|assistant|>hi\n", head=len(chat)), NOW)
+    assert p.last_prefix == chat and p.last_cold
+    p.route(workers, RouteRequest("m", "hi", routing_key="session-1"), NOW)  # pinned: no placement
+    assert p.last_prefix is None and not p.last_cold
