@@ -181,7 +181,7 @@ class Holds:
         self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
 
     def leading(self) -> int:
-        """How many bursts are in their first prefill (for tests and the admin view)."""
+        """How many bursts are in their first prefill (for tests)."""
         return sum(map(len, self._leading.values()))
 
 
