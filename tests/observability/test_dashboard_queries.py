@@ -266,6 +266,8 @@ def test_the_dashboard_covers_the_required_panels() -> None:
         "Worker health",
         "Worker lifecycle events",
         "PD requests",
+        "Prefill holds",
+        "Cache-aware decisions by branch",
         "Reconciles by result",
         "Router call errors",
     ):
