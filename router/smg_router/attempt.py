@@ -171,7 +171,8 @@ class Holds:
             done.set_result(None)
 
     async def wait(self, guard: AttemptGuard, model: str, role: str) -> None:
-        """Wait, at most ``seconds``, for the prefill the attempt is behind (none: at once)."""
+        """Wait, at most ``seconds``, for the prefill the attempt is behind (none: at once; the request path asks
+        only when ``guard.behind`` is set)."""
         ahead = guard.behind
         if ahead is None:
             return

@@ -169,7 +169,8 @@ class Proxy:
             worker = guard.worker
             tried.add(worker.id)
             with guard:
-                await self._attempts.holds.wait(guard, req.model, role)  # behind a burst's first prefill, if any
+                if guard.behind is not None:  # behind a burst's first prefill
+                    await self._attempts.holds.wait(guard, req.model, role)
                 try:
                     upstream = await self._send(worker.url + req.endpoint, req)
                 except (UpstreamConnectError, TimeoutError) as e:

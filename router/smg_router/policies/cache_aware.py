@@ -193,7 +193,7 @@ class CacheAwarePolicy(Policy):
             chosen = workers[self._choose_by_match(workers, loads, match, tree, model, text, req.head)]
             held = match.matched_chars if chosen.url in match.tenants else 0
             self.last_prefill = len(text) - held
-            self.last_prefix = prefix = text[: min(req.head or len(text), self.ctx.settings.placement_prefix_chars)]
+            self.last_prefix = prefix = self._key_text(text, req.head)
             self.last_cold = held < len(prefix)
             return chosen.url
 
@@ -224,6 +224,11 @@ class CacheAwarePolicy(Policy):
         self._hold(worker_url, text, head)
         return True
 
+    def _key_text(self, text: str, head: int) -> str:
+        """The leading chars placement hashes: of the head (a chat's up to its first user message; a plain prompt's
+        whole text), at most placement_prefix_chars."""
+        return text[: min(head or len(text), self.ctx.settings.placement_prefix_chars)]
+
     def _hold(self, worker_url: str, text: str, head: int) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
         keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused.  Kept
@@ -234,7 +239,7 @@ class CacheAwarePolicy(Policy):
         slots = loads.slots(worker_id)
         if slots is None and loads.kv_tokens(worker_id) is not None:
             return
-        key = placement_key(text[: head or len(text)], self.ctx.settings.placement_prefix_chars)
+        key = placement_key(self._key_text(text, head), self.ctx.settings.placement_prefix_chars)
         held = self._held.setdefault(worker_url, OrderedDict())
         held[key] = None
         held.move_to_end(key)
@@ -259,7 +264,7 @@ class CacheAwarePolicy(Policy):
         else:
             m.cache_misses.labels(model, role).inc()
         m.matched_chars.labels(model, role, "fleet").inc(match.matched_chars)
-        key_text = text[: head or len(text)]
+        key_text = self._key_text(text, head)
         ok = within_gate(loads, s)
         # in a conversation the tree decides only when it knows what placement looks at (the head's leading
         # chars): a match of less (a system prompt every conversation shares) says nothing of this one
