@@ -58,6 +58,7 @@ class AttemptGuard:
 
     __slots__ = (
         "_closed",
+        "_held_under",
         "_metrics",
         "_outcome",
         "_prefill",
@@ -80,6 +81,7 @@ class AttemptGuard:
         """Set when this attempt leads a burst (``Holds``): releases the requests waiting for its prefill."""
         self.behind: asyncio.Future[None] | None = None
         """The prefill this attempt waits for before it is sent (``Holds``), or None."""
+        self._held_under: str | None = None
         worker.inflight += 1
         self._prefill = prefill_chars
         worker.prefilling += 1
@@ -98,6 +100,25 @@ class AttemptGuard:
             if self.on_started is not None:
                 self.on_started()
 
+    def hold(self, ahead: asyncio.Future[None], prefix: str) -> None:
+        """Wait for ``ahead`` (the first prefill of ``prefix`` on this worker) before being sent; counted in the
+        worker's ``held`` until ``unhold``."""
+        self.behind = ahead
+        self._held_under = prefix
+        held = self.worker.held
+        held[prefix] = held.get(prefix, 0) + 1
+
+    def unhold(self) -> None:
+        """No longer waiting (sent, or never: the attempt ended)."""
+        self.behind = None
+        prefix, self._held_under = self._held_under, None
+        if prefix is not None:
+            held = self.worker.held
+            if held[prefix] > 1:
+                held[prefix] -= 1
+            else:
+                del held[prefix]
+
     def answered(self, status: int) -> None:
         """The worker answered ``status`` in full: a failure for a 5xx, nothing for a 429, else a success."""
         if is_worker_failure(status):
@@ -114,6 +135,7 @@ class AttemptGuard:
             return
         self._closed = True
         self.worker.inflight -= 1
+        self.unhold()
         self.started()
         self._publish()
         if self._outcome is Outcome.SUCCESS:
@@ -155,7 +177,7 @@ class Holds:
         worker_id = guard.worker.id
         leading = self._leading.get(worker_id)
         if leading is not None and (ahead := leading.get(prefix)) is not None:
-            guard.behind = ahead
+            guard.hold(ahead, prefix)
         elif cold and streamed:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leading.setdefault(worker_id, {})[prefix] = done
@@ -176,9 +198,11 @@ class Holds:
         ahead = guard.behind
         if ahead is None:
             return
-        guard.behind = None
-        if not ahead.done():
-            await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
+        try:
+            if not ahead.done():
+                await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
+        finally:
+            guard.unhold()
         self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
 
     def leading(self) -> int:

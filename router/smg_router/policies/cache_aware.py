@@ -13,8 +13,10 @@ routable workers:
    (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
    placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
    the system prompt every conversation shares says nothing of this one): of the routable holders of the deepest
-   matched node that are within the gate, the one with the least left to prefill (``prefill_wait``: engines prefill
-   before they decode, so a prompt waits for the prefills ahead of it), then the least loaded (branch ``hit``) --
+   matched node that are within the gate (requests waiting there behind a prefill of this prompt's leading chars,
+   ``Worker.held``, are not counted against it: they are one prefill, and it joins them), the one with the least
+   left to prefill (``prefill_wait``: engines prefill before they decode, so a prompt waits for the prefills ahead
+   of it), then the least loaded (branch ``hit``) --
    unless a worker is warming up (below) and is the rendezvous choice for the text (branch ``warmup``).  If every
    holder is over the gate, the request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable,
    fallback ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
@@ -271,9 +273,13 @@ class CacheAwarePolicy(Policy):
         covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
         if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
-            usable = [i for i in holders if ok[i]]
+            gated, gate = loads, ok
+            if any(key_text in workers[i].held for i in holders):  # a burst waits there for this prefix's prefill:
+                gated = [x - w.held.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]  # it is one
+                gate = within_gate(gated, s)
+            usable = [i for i in holders if gate[i]]
             if usable:
-                best = min(usable, key=lambda i: (prefill_wait(workers[i]), loads[i], workers[i].processed))
+                best = min(usable, key=lambda i: (prefill_wait(workers[i]), gated[i], workers[i].processed))
                 warming = self._warming(workers, tree)
                 if warming:
                     home = self._place(workers, ok, key_text)

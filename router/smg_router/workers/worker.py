@@ -141,6 +141,7 @@ class Worker:
         "breaker",
         "health_failures",
         "health_successes",
+        "held",
         "id",
         "inflight",
         "prefill_chars",
@@ -169,6 +170,9 @@ class Worker:
         self.sent_at = 0.0
         """Monotonic time this router last sent it a request: of two workers prefilling, the one sent to longer
         ago is the nearer done."""
+        self.held: dict[str, int] = {}
+        """Leading chars -> how many of its requests wait before being sent, behind the first prefill of those chars
+        here (``attempt.Holds``): a burst that will find them cached, one prefill, not one each."""
         self.health_failures = 0
         self.health_successes = 0
 
@@ -210,6 +214,7 @@ class Worker:
                 "inflight": self.inflight,
                 "prefilling": self.prefilling,
                 "prefill_chars": self.prefill_chars,
+                "held": sum(self.held.values()),
                 "backend": backend_load,
                 "processed": self.processed,
             },

@@ -37,20 +37,23 @@ def _cached(sim: Sim) -> float:
         return metric_value(resp.read().decode(), "sglang:cached_tokens_total")
 
 
-def _burst(router: Router, prefix: str) -> list[bytes]:
-    """The burst: one streamed completion per thread, all sent at once; each answer read whole."""
-    answers: list[bytes] = [b""] * (1 + FOLLOWERS)
-    go = threading.Barrier(1 + FOLLOWERS)
+def _burst(router: Router, prefix: str, size: int = 1 + FOLLOWERS, routed: list[str] | None = None) -> list[bytes]:
+    """The burst: one streamed completion per thread, all sent at once; each answer read whole (and the worker each
+    was routed to appended to ``routed``)."""
+    answers: list[bytes] = [b""] * size
+    go = threading.Barrier(size)
 
     def one(i: int) -> None:
         go.wait()
         conn, resp = _stream(router, f"{prefix}\nquestion {i}: {uuid.uuid4()}", 1)
         try:
             answers[i] = resp.read()
+            if routed is not None:
+                routed.append(resp.getheader("x-smg-routed-worker-id", ""))
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(1 + FOLLOWERS)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(size)]
     for t in threads:
         t.start()
     for t in threads:
@@ -107,3 +110,28 @@ def test_a_request_behind_a_prefill_that_does_not_start_goes_out_after_the_bound
     finally:
         r.stop()
         sim.stop()
+
+
+def test_a_burst_bigger_than_the_load_gate_stays_whole_on_the_worker_of_its_prefill(tmp_path: Path) -> None:
+    """The requests waiting behind a prefill of their prefix are one prefill (``Worker.held``): the load gate (4
+    requests over an idle worker) does not count them against a request that joins them, so a burst of 8 on a new
+    prefix all goes to the worker that prefills it, and finds it cached there, instead of spilling its last 3 to
+    the other worker to prefill the prefix once more."""
+    sims = [start_sim(tmp_path, time_scale=1.0, extra=SLOW) for _ in range(2)]
+    r = start_router(tmp_path, workers=[s.url for s in sims])
+    try:
+        r.wait_routable(2)
+        routed: list[str] = []
+        size = 8
+        answers = _burst(r, f"[manual {uuid.uuid4()}] " + "lorem ipsum " * (PREFIX_CHARS // 12), size, routed)
+        assert all(a.rstrip().endswith(b"data: [DONE]") for a in answers), [a[-120:] for a in answers]
+        assert len(routed) == size and len(set(routed)) == 1, routed
+        (holder,) = (s for s in sims if s.url == routed[0])
+        assert _cached(holder) >= (size - 1) * PREFIX_CHARS
+        text = r.metrics()
+        assert metric_value(text, "smg_prefill_holds_total", outcome="released") == size - 1, text
+        wait_until(lambda: all(w["load"]["held"] == 0 for w in r.workers()), what="nothing held")
+    finally:
+        r.stop()
+        for s in sims:
+            s.stop()

@@ -166,3 +166,45 @@ async def test_a_hold_ends_with_its_leader_or_after_the_bound() -> None:
     first = AttemptGuard(worker, registry=registry, metrics=metrics)
     off.arrange(first, "doc", cold=True, streamed=True)
     assert off.leading() == 0  # 0: nobody leads, nobody waits
+
+
+async def test_a_worker_counts_the_requests_waiting_behind_each_prefill_until_they_go() -> None:
+    """``Worker.held``: what the load gate discounts for a request that would join them (``CacheAwarePolicy``);
+    counted while an attempt waits, uncounted however the wait ends: released, timed out, cancelled (the client
+    left), or the attempt closed without waiting."""
+    import asyncio
+
+    from smg_router.attempt import Holds
+
+    worker, registry, metrics = _setup()
+    holds = Holds(seconds=5.0, metrics=metrics)
+
+    def guard() -> AttemptGuard:
+        return AttemptGuard(worker, registry=registry, metrics=metrics)
+
+    leader = guard()
+    holds.arrange(leader, "doc", cold=True, streamed=True)
+    assert worker.held == {}  # the leader is sent at once
+    first, second, gone, closed = guard(), guard(), guard(), guard()
+    for g in (first, second, gone, closed):
+        holds.arrange(g, "doc", cold=False, streamed=True)
+    assert worker.held == {"doc": 4}
+    waits = [asyncio.ensure_future(holds.wait(g, "m", "regular")) for g in (first, second, gone)]
+    await asyncio.sleep(0.01)
+    waits[2].cancel()  # its client went away while it waited
+    await asyncio.gather(waits[2], return_exceptions=True)
+    closed.close()  # ended before it waited
+    assert worker.held == {"doc": 2}
+    leader.started()
+    await asyncio.wait_for(asyncio.gather(*waits[:2]), 1)
+    assert worker.held == {}
+    first.close()
+    assert worker.held == {}  # counted out once
+
+    short = Holds(seconds=0.02, metrics=metrics)
+    lead, late = guard(), guard()
+    short.arrange(lead, "doc B", cold=True, streamed=True)
+    short.arrange(late, "doc B", cold=False, streamed=True)
+    assert worker.held == {"doc B": 1}
+    await short.wait(late, "m", "regular")  # the bound let it go: sent, no longer waiting
+    assert worker.held == {} and _sample(metrics, "timed_out") == 1
