@@ -22,35 +22,37 @@ routable workers:
    fallback ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
    A prompt without a head (completions, ``/generate``: 0) has a hit on the rate alone.
 4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the leading
-   ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message,
-   which every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a
-   hash of those chars and the worker's id, itself a hash of its URL) among
-   those within the load gate (the same gate as for hits: one rule for "too busy"; when it rules a worker
-   out, fallback ``imbalance``).  Every router replica
-   computes the same ranking from the same shared backlog, so replicas that never talk send a new prefix
-   to the same worker, and only load moves it.  One exception, for misses (``placement_choices``; 0, the
-   default, looks at every worker): the best-ranked worker whose share of the tree has room left for the
-   prompt under its KV cap takes it (the first-ranked when none has), so a worker that already holds what its
-   engine can cache is not handed one more group while another has room (over 30 fleets of 4 workers the
-   hash alone put 4-8 of 12 groups on one). An engine that keeps one prompt per slot (llama.cpp, its slots read from
-   ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys of the last
-   prompts sent there, one per slot). Room is judged from this router's tree, which knows what the engines hold only
-   when it holds what the whole fleet was sent: while its peers are in sync (``peers``: the other replicas tell it
-   every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
-   ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N
-   replicas about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with
-   it: first the workers with the least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes
-   the prompt at once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the
-   least loaded (a new group or a unique prompt goes where it waits least; the group's next requests follow it as
-   hits; before the prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). One of several
-   replicas places every miss on the first-ranked worker, as the others do: a move judged from one replica's partial
-   tree is a move the others do not make, and the group ends up cached twice (with rank only, 8 replicas cache
-   exactly what one does; docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session
-   12). Measured on the routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86
-   (every worker) -> 0.87 (and the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are
-   over the gate: load decides it) is placed as a miss is, so a lone router sends it where it waits least, not behind
-   another burst; replicas in sync with their peers spill by rank alone, so that every one spills a hot prefix to the
-   same worker (by their own prefills they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
+   ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message, which
+   every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a hash of those chars
+   and the worker's id, itself a hash of its URL) among those within the load gate (the same gate as for hits: one rule
+   for "too busy"; when it rules a worker out, fallback ``imbalance``).  Every router replica computes the same ranking
+   from the same shared backlog, so replicas that never talk send a new prefix to the same worker, and only load moves
+   it.  One exception, for misses (``placement_choices``; 0, the default, looks at every worker): the best-ranked worker
+   whose share of the tree has room left for the prompt under its KV cap takes it (the first-ranked when none has), so a
+   worker that already holds what its engine can cache is not handed one more group while another has room (over 30
+   fleets of 4 workers the hash alone put 4-8 of 12 groups on one). An engine that keeps one prompt per slot (llama.cpp,
+   its slots read from ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys
+   of the last prompts sent there, one per slot). Room is judged from this router's tree, which knows what the engines
+   hold only when it holds what the whole fleet was sent: while its peers are in sync (``peers``: the other replicas
+   tell it every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
+   ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N replicas
+   about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with it: first
+   the workers with the least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes the prompt at
+   once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the least loaded (a
+   new group or a unique prompt goes where it waits least; the group's next requests follow it as hits; before the
+   prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). A replica in sync with its peers
+   knows what the fleet holds from every replica's routes but the prefills only from its own, so it asks first for room,
+   then for the fewest prompts of this one's size held (``_prompts_held``: a new group goes where fewer are, so the
+   groups and their traffic spread evenly, whatever the hash draw: 6 documents of 16k on 4 workers went 3/2/1/0 by rank
+   with room, and the worker with three spilled; session 16), then the prefills. One of several replicas out of sync
+   places every miss on the first-ranked worker, as the others do: a move judged from one replica's partial tree is a
+   move the others do not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one
+   does; docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session 12). Measured on the
+   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87 (and
+   the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load decides it)
+   is placed as a miss is, so a lone router sends it where it waits least, not behind another burst; replicas in sync
+   with their peers spill by rank alone, so that every one spills a hot prefix to the same worker (by their own prefills
+   they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
 5. Insert the text for the chosen worker, in the same descent as the match.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
@@ -319,13 +321,15 @@ class CacheAwarePolicy(Policy):
     ) -> int:
         """A miss or a spill: among the first ``placement_choices`` ranked workers (0: all), those with the least this
         router sent left to prefill, of those the ones whose share of the tree has room left for the prompt under its
-        KV cap, then the best-ranked no more than ALONE_SLACK busier than the least loaded; by rank alone for one of
-        several replicas (module docstring, 4)."""
+        KV cap (in sync with peers: room, then the fewest prompts held, then the prefills), then the best-ranked no more
+        than ALONE_SLACK busier than the least loaded; by rank alone for one of several replicas out of sync (module
+        docstring, 4)."""
         s = self.ctx.settings
         if s.placement_choices == 1:
             return self._place(workers, ok, key_text)
         key = placement_key(key_text, s.placement_prefix_chars)
-        if not self._sees_the_traffic():
+        alone = self._sends_the_traffic()
+        if not alone and not self.ctx.peers.in_sync():
             return rendezvous_pick(workers, ok, key)
         if s.placement_choices:
             among = rendezvous_ranked(workers, ok, key, s.placement_choices)
@@ -334,19 +338,29 @@ class CacheAwarePolicy(Policy):
         least = min(loads[i] for i in among)
         # one criterion after the other, each asked only of the workers the ones before left tied (under load the
         # prefill order alone decides, and the room checks are not made)
-        among = _least(among, lambda i: prefill_wait(workers[i]))
-        among = _least(among, lambda i: not self._has_room(tree, workers[i], size, key))
+        waits = lambda i: prefill_wait(workers[i])  # noqa: E731
+        full = lambda i: not self._has_room(tree, workers[i], size, key)  # noqa: E731
+        if alone:
+            criteria: tuple[Callable[[int], Any], ...] = (waits, full)
+        else:  # in sync: it knows what the fleet holds from every replica's routes, the prefills only from its own
+            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), waits)
+        for criterion in criteria:
+            among = _least(among, criterion)
         among = _least(among, lambda i: max(0, loads[i] - least - ALONE_SLACK))
         return among[0] if len(among) == 1 else max(among, key=lambda i: rendezvous_score(key, workers[i].id))
 
-    def _sees_the_traffic(self) -> bool:
-        """Whether this router's tree knows what the engines hold well enough to judge room: its peers are in sync
-        (``peers``: they tell it every route), or it sends most of the fleet's backlog itself (``LoadView.own_share``
-        at least ALONE_SHARE, or not known yet)."""
-        if self.ctx.peers.in_sync():
-            return True  # the peers tell it what they send: its tree holds what every replica sent
+    def _sends_the_traffic(self) -> bool:
+        """Whether this router sends most of the fleet's backlog itself (``LoadView.own_share`` at least ALONE_SHARE,
+        or not known yet)."""
         share = self.ctx.loads.own_share()
         return share is None or share >= ALONE_SHARE
+
+    def _prompts_held(self, tree: RadixTree, worker: Worker, size: int) -> int:
+        """About how many prompts of ``size`` chars the worker's share of the tree holds (its slots' keys for a slot
+        engine): a new group goes where fewer are, so that the fleet's groups, and their traffic, spread evenly."""
+        if self.ctx.loads.slots(worker.id) is not None:
+            return len(self._held.get(worker.url, ()))
+        return (tree.tenant_size(worker.url) + size // 2) // max(1, size)  # rounded: a prompt a char short is one
 
     def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: int) -> bool:
         """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room); for an

@@ -923,3 +923,39 @@ def test_requests_waiting_behind_a_prefill_count_as_one_for_a_request_that_joins
     spilled = p.select(workers, RouteRequest("m", doc + " question 7"), NOW)
     assert spilled is not holder  # nothing held behind this prefix: the gate counts all 6
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 1
+
+
+def test_a_replica_in_sync_puts_a_new_group_where_the_fewest_prompts_of_its_size_are_held() -> None:
+    """In sync with its peers, a replica places a miss among the workers with room on the one whose share holds the
+    fewest prompts of its size (rank only breaks ties): not a third document onto a worker that holds two while
+    another holds none, whatever the hash draw (issue 11's long workload: 4 of 6 documents ranked first on one
+    worker)."""
+    from smg_router.policies.factory import PolicyFactory
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(tree_chars_per_token=1.0)
+    peers = FakePeers()
+    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for _ in range(20):
+        for w in workers:
+            env.loads.record(w.id, 4, at=NOW, inflight=1)
+            env.loads.record_kv(w.id, 1000)
+
+    def doc(i: int) -> str:
+        return f"document {i:03d} " + "abcdefghij"[i % 10] * 280  # three fit in a 1000-char share
+
+    ranks = {i: rendezvous_ranked(workers, [True] * 3, placement_key(doc(i), 1024), 3) for i in range(400)}
+    first = [i for i, ranked in ranks.items() if ranked[0] == 0]
+    assert p.observe("m", workers[0].url, doc(first[0]), 0)
+    assert p.observe("m", workers[0].url, doc(first[1]) + "x", 0)  # a char longer than the new one: still one
+    assert p.observe("m", workers[1].url, doc(first[2])[:-1], 0)  # a char shorter: one too
+    chosen = p.select(workers, RouteRequest("m", doc(first[3])), NOW)
+    assert chosen is workers[2], "placed by rank on the worker that holds two, with one that holds none"
+    second = next(i for i in first[4:] if ranks[i][1] == 1)  # ranks the worker holding one before the one holding one
+    assert p.select(workers, RouteRequest("m", doc(second)), NOW) is workers[1]  # now 2, 1, 1: the ranking decides
+    peers.synced = False
+    last = next(i for i in first[4:] if i != second)
+    assert p.select(workers, RouteRequest("m", doc(last)), NOW) is workers[0]  # out of sync: by rank alone
