@@ -19,7 +19,7 @@ from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
 from smg_router.http_io import json_response as _json
-from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
+from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url, worker_id_for
 
 ADMIN_BODY_LIMIT = 64 * 1024
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
@@ -180,24 +180,45 @@ def _peer_record(i: int, record: object) -> tuple[str, str, str, str, int]:
     return role, model, url, text, head
 
 
+def _peer_prefill(i: int, record: object) -> tuple[str, str, bool]:
+    """One ``[worker url, leading chars, done]`` of a peer's batch, or a 400 naming what is wrong with it."""
+    if not (isinstance(record, list) and len(record) == 3):
+        raise BadRequest(f"prefills[{i}]: must be [worker url, leading chars, done]", code="invalid_field")
+    url, prefix, done = record
+    if not (isinstance(url, str) and isinstance(prefix, str) and prefix):
+        raise BadRequest(f"prefills[{i}]: worker url and leading chars must be non-empty strings", code="invalid_field")
+    if not isinstance(done, bool):
+        raise BadRequest(f"prefills[{i}]: done must be true or false", code="invalid_field")
+    return url, prefix, done
+
+
 async def peer_routes(request: Request) -> wire.Response:
-    """``POST /peers/routes``: what a peer router routed, inserted as if this router had (``peers``).  The whole
-    batch is checked before any of it is applied."""
+    """``POST /peers/routes``: what a peer router routed, inserted as if this router had, then the first prefills its
+    requests lead, for this router's holds (``peers``, ``attempt.Holds``).  The whole batch is checked before any of
+    it is applied."""
     core = _authorize(request)
     data = parse_json_object(await read_body(request, PEER_BODY_LIMIT))
-    sender, records = data.get("from"), data.get("records")
-    if not isinstance(sender, str) or not isinstance(records, list):
-        raise BadRequest("a peer batch is {'from': <router id>, 'records': [...]}", code="invalid_field")
+    sender, records, told = data.get("from"), data.get("records"), data.get("prefills", [])
+    if not isinstance(sender, str) or not isinstance(records, list) or not isinstance(told, list):
+        raise BadRequest(
+            "a peer batch is {'from': <router id>, 'records': [...], 'prefills': [...] (optional)}",
+            code="invalid_field",
+        )
     if core.peers is not None and sender == core.peers.id:
         return _json({"self": True})
     batch = [_peer_record(i, r) for i, r in enumerate(records)]
+    prefills = [_peer_prefill(i, r) for i, r in enumerate(told)]
     applied = 0
     for role, model, url, text, head in batch:
         applied += core.policies.policy_for(role, model).observe(model, url, text, head)
+    for url, prefix, done in prefills:  # a worker this router does not serve is not held behind
+        if core.registry.get(worker_id_for(url)) is not None:
+            applied += core.proxy.holds.observe(url, prefix, done=done)
+    total = len(batch) + len(prefills)
     m = core.metrics.peer_records_received
     m.labels("applied").inc(applied)
-    m.labels("ignored").inc(len(batch) - applied)
-    return _json({"applied": applied, "ignored": len(batch) - applied})
+    m.labels("ignored").inc(total - applied)
+    return _json({"applied": applied, "ignored": total - applied})
 
 
 MUTATIONS = frozenset(

@@ -15,7 +15,11 @@ again (an engine caches a prompt once its prefill is done).  So the first stream
 not hold its prefix (``Policy.last_cold``) leads, and the requests routed after it to the same worker with the same
 leading chars (``Policy.last_prefix``) wait, up to ``--prefill-hold-seconds``, until its answer starts (its first
 streamed chunk: the engine has prefilled it) or it ends, then go out and find the prefix cached.  A request that is
-not streamed never leads: the router sees its prefill end only with its whole answer.
+not streamed never leads: the router sees its prefill end only with its whole answer.  With peers (``peers``) a
+replica tells the others when one of its requests leads a prefill and when that prefill ends (``tell_prefill``), and
+holds its own requests behind the leads it is told of (``observe``) as behind its own: a burst that a Service spreads
+over the replicas is prefilled once, not once a replica.  A lead told by a peer whose end never comes is dropped after
+``--prefill-hold-seconds``.
 
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
@@ -32,10 +36,10 @@ from types import TracebackType
 
 from smg_router.errors import NoWorkerAvailable
 from smg_router.metrics import Metrics
-from smg_router.policies.base import Policy, RouteRequest
+from smg_router.policies.base import NO_PEERS, Peers, Policy, RouteRequest
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.workers.registry import WorkerRegistry
-from smg_router.workers.worker import Worker
+from smg_router.workers.worker import Worker, worker_id_for
 
 
 def is_worker_failure(status: int) -> bool:
@@ -163,34 +167,64 @@ class Holds:
     """The bursts in prefill: per worker, the leading chars of each streamed request that brings them to the worker
     and has not started its answer yet (module docstring)."""
 
-    def __init__(self, *, seconds: float, metrics: Metrics) -> None:
+    def __init__(self, *, seconds: float, metrics: Metrics, peers: Peers = NO_PEERS) -> None:
         self.seconds = seconds
         """The longest a request waits for the prefill it is behind; 0: nobody waits."""
         self._metrics = metrics
+        self._peers = peers
         self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
         """worker id -> leading chars -> released when the request that brought them there starts its answer."""
+        self._told: dict[asyncio.Future[None], asyncio.TimerHandle] = {}
+        """The leads a peer told of (``observe``) -> the timer that drops one whose end is never told."""
 
     def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
         """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
         if prefix is None or self.seconds <= 0:
             return
-        worker_id = guard.worker.id
-        leading = self._leading.get(worker_id)
+        worker = guard.worker
+        leading = self._leading.get(worker.id)
         if leading is not None and (ahead := leading.get(prefix)) is not None:
             guard.hold(ahead, prefix)
         elif cold and streamed:
+            worker_id, url = worker.id, worker.url
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leading.setdefault(worker_id, {})[prefix] = done
-            guard.on_started = lambda: self._release(worker_id, prefix, done)
+            guard.on_started = lambda: self._release(worker_id, prefix, done, url)
+            self._peers.tell_prefill(url, prefix, done=False)
 
-    def _release(self, worker_id: str, prefix: str, done: asyncio.Future[None]) -> None:
+    def observe(self, worker_url: str, prefix: str, *, done: bool) -> bool:
+        """A peer's request leads the first prefill of ``prefix`` on the worker (``done`` False: this router's
+        requests with those leading chars wait for it there, at most ``seconds``), or that prefill ended (``done``
+        True: they go).  A lead of this router's own for the same is left alone.  Whether it changed anything."""
+        if self.seconds <= 0:
+            return False
+        worker_id = worker_id_for(worker_url)
+        ahead = self._leading.get(worker_id, {}).get(prefix)
+        if done:
+            if ahead is None or ahead not in self._told:
+                return False
+            self._release(worker_id, prefix, ahead)
+            return True
+        if ahead is not None:
+            return False
+        lead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._leading.setdefault(worker_id, {})[prefix] = lead
+        self._told[lead] = asyncio.get_running_loop().call_later(self.seconds, self._release, worker_id, prefix, lead)
+        return True
+
+    def _release(self, worker_id: str, prefix: str, done: asyncio.Future[None], url: str | None = None) -> None:
+        """The lead ``done`` ends: its own (``url``: then the peers are told) or a peer's (its timer cancelled)."""
         leading = self._leading.get(worker_id)
         if leading is not None and leading.get(prefix) is done:
             del leading[prefix]
             if not leading:
                 del self._leading[worker_id]
+        if (timer := self._told.pop(done, None)) is not None:
+            timer.cancel()
         if not done.done():
             done.set_result(None)
+            if url is not None:
+                self._peers.tell_prefill(url, prefix, done=True)
 
     async def wait(self, guard: AttemptGuard, model: str, role: str) -> None:
         """Wait, at most ``seconds``, for the prefill the attempt is behind (none: at once; the request path asks
@@ -221,13 +255,14 @@ class Attempts:
         metrics: Metrics,
         by_load: Policy | None = None,
         hold_seconds: float = 0.0,
+        peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
         self._policies = policies
         self._metrics = metrics
         self._by_load = by_load
         """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
-        self.holds = Holds(seconds=hold_seconds, metrics=metrics)
+        self.holds = Holds(seconds=hold_seconds, metrics=metrics, peers=peers)
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""

@@ -353,8 +353,8 @@ SCHEMAS["PeerRoutes"] = {
     "type": "object",
     "required": ["from", "records"],
     "description": "What a peer router routed (--peer, --peers-dns): each record is inserted in this router's "
-    "tree for its worker, as if this router had routed it (a worker it does not serve is ignored).  The whole "
-    "batch is checked first: a bad record changes nothing.",
+    "tree for its worker, as if this router had routed it (a worker it does not serve is ignored), then its "
+    "prefills are held behind.  The whole batch is checked first: a bad record changes nothing.",
     "properties": {
         "from": {"type": "string", "description": "The sender's id: a router's own id answers {self: true}."},
         "records": {
@@ -371,6 +371,18 @@ SCHEMAS["PeerRoutes"] = {
                 ],
                 "minItems": 5,
                 "maxItems": 5,
+            },
+        },
+        "prefills": {
+            "type": "array",
+            "description": "The first prefills of a new prefix that the peer's requests lead (done false) or that "
+            "ended (done true): this router's requests with the same leading chars wait for them on that worker.",
+            "items": {
+                "type": "array",
+                "description": "[worker url, leading chars, done].",
+                "prefixItems": [{"type": "string"}, {"type": "string", "minLength": 1}, {"type": "boolean"}],
+                "minItems": 3,
+                "maxItems": 3,
             },
         },
     },

@@ -7,11 +7,14 @@ other replicas do not make; ``policies.cache_aware``).  With peers, every replic
 routed (the policy slot, the worker, the routing text) and inserts what it is told, so each tree holds what
 all of the fleet's replicas sent and each replica judges room as a router alone would.
 
-The protocol is one admin call, ``POST /peers/routes`` (``admin.peer_routes``; the admin key when one is set,
-the admin port when there is one), with ``{"from": <this router's id>, "records": [[role, model, worker url,
-text, head], ...]}``.  A peer that answers ``{"self": true}`` was this router (a DNS name lists its own pod
-too) and is asked no more.  Peers come from ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless
-Service: every ready replica's address, re-resolved every DNS_INTERVAL).
+The protocol is one admin call, ``POST /peers/routes`` (``admin.peer_routes``; the admin key when one is set, the
+admin port when there is one), with ``{"from": <this router's id>, "records": [[role, model, worker url, text,
+head], ...], "prefills": [[worker url, leading chars, done], ...]}``: the routes, then the first prefills of a new
+prefix that a request of this router leads (``done`` false) or that ended (``done`` true), so that each replica
+holds its own requests behind them (``attempt.Holds``; a router of an older version ignores "prefills"). A peer that
+answers ``{"self": true}`` was this router (a DNS name lists its own pod too) and is asked no more.  Peers come from
+``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless Service: every ready replica's address, re-resolved
+every DNS_INTERVAL).
 
 Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
 BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
@@ -60,12 +63,15 @@ PATH = "/peers/routes"
 
 Record = tuple[str, str, str, str, int]
 """(role, model, worker url, routing text, head) of one routed request."""
+Prefill = tuple[str, str, bool]
+"""(worker url, leading chars, done) of a first prefill a request of this router leads (``attempt.Holds``)."""
 
 
 @dataclass(slots=True)
 class _Peer:
     url: str
     pending: deque[Record] = field(default_factory=deque)
+    prefills: deque[Prefill] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     acked_at: float = float("-inf")
     is_self: bool = False
@@ -118,6 +124,21 @@ class PeerSync:
                 peer.pending.popleft()
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
             peer.pending.append(record)
+            peer.wake.set()
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+        """Queue a first prefill's start (``done`` False) or end for every peer; it goes with the next batch (a
+        prefix longer than a batch may carry is not told: cut, it would name another)."""
+        if len(prefix) > self._batch_chars:
+            return
+        record = (worker_url, prefix, done)
+        for peer in self._peers.values():
+            if peer.is_self:
+                continue
+            if len(peer.prefills) >= MAX_PENDING:
+                peer.prefills.popleft()
+                self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
+            peer.prefills.append(record)
             peer.wake.set()
 
     def in_sync(self) -> bool:
@@ -180,7 +201,7 @@ class PeerSync:
         while not peer.is_self:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(peer.wake.wait(), HEARTBEAT)
-            if peer.pending:
+            if peer.pending or peer.prefills:
                 await asyncio.sleep(BATCH_DELAY)
             peer.wake.clear()
             batch: list[Record] = []
@@ -189,13 +210,21 @@ class PeerSync:
                 record = peer.pending.popleft()
                 batch.append(record)
                 chars += len(record[3])
-            if peer.pending:
+            prefills: list[Prefill] = []
+            while peer.prefills and chars + len(peer.prefills[0][1]) <= self._batch_chars:
+                prefill = peer.prefills.popleft()
+                prefills.append(prefill)
+                chars += len(prefill[1])
+            if peer.pending or peer.prefills:
                 peer.wake.set()  # the rest goes in the next batch
-            await self._send(peer, batch)
+            await self._send(peer, batch, prefills)
 
-    async def _send(self, peer: _Peer, batch: list[Record]) -> None:
+    async def _send(self, peer: _Peer, batch: list[Record], prefills: list[Prefill]) -> None:
         assert self._session is not None
-        body = orjson.dumps({"from": self.id, "records": batch})
+        message: dict[str, object] = {"from": self.id, "records": batch}
+        if prefills:
+            message["prefills"] = prefills
+        body = orjson.dumps(message)
         try:
             async with self._session.post(peer.url + PATH, data=body, headers=self._headers) as resp:
                 answer = await resp.read()
@@ -206,7 +235,7 @@ class PeerSync:
                     log.info("peer %s is this router: not telling it", peer.url)
                     return
         except (aiohttp.ClientError, TimeoutError, RuntimeError, orjson.JSONDecodeError, AttributeError) as e:
-            self._metrics.peer_records_sent.labels(peer.url, "failed").inc(len(batch))
+            self._metrics.peer_records_sent.labels(peer.url, "failed").inc(len(batch) + len(prefills))
             if not peer.failing:
                 why = str(e) or type(e).__name__
                 log.warning("peer %s: %s (its routes are dropped until it answers)", peer.url, why)
@@ -216,4 +245,4 @@ class PeerSync:
             log.info("peer %s answers again", peer.url)
         peer.failing = False
         peer.acked_at = time.monotonic()
-        self._metrics.peer_records_sent.labels(peer.url, "sent").inc(len(batch))
+        self._metrics.peer_records_sent.labels(peer.url, "sent").inc(len(batch) + len(prefills))

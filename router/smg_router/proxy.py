@@ -36,7 +36,7 @@ from smg_router.errors import (
 )
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
-from smg_router.policies.base import Policy
+from smg_router.policies.base import NO_PEERS, Peers, Policy
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.relay import RESPONSES, Relay
 from smg_router.request import PD_ENDPOINTS, ProxyRequest, apply_routing_headers
@@ -61,6 +61,7 @@ class Proxy:
         by_load: Policy | None = None,
         routing: RoutingSettings | None = None,
         hold_seconds: float = 0.0,
+        peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
         self._routing = routing or RoutingSettings()
@@ -71,8 +72,15 @@ class Proxy:
         self._metrics = metrics
         self._retry = retry
         self._attempts = Attempts(
-            registry=registry, policies=policies, metrics=metrics, by_load=by_load, hold_seconds=hold_seconds
+            registry=registry,
+            policies=policies,
+            metrics=metrics,
+            by_load=by_load,
+            hold_seconds=hold_seconds,
+            peers=peers,
         )
+        self.holds = self._attempts.holds
+        """The bursts waiting for their first prefill (``attempt.Holds``); the peers' leads go in too (``admin``)."""
         self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)

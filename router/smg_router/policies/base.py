@@ -59,6 +59,11 @@ class Peers(Protocol):
         """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
         ...
 
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+        """A request of this router brought ``prefix`` (its leading chars) to the worker and leads its first prefill
+        there (``done`` False), or that prefill ended (``done`` True): tell every peer (``attempt.Holds``)."""
+        ...
+
     def in_sync(self) -> bool:
         """Whether there are peers and every one acknowledged what it was told lately (then this router's tree
         holds what the fleet was sent, as a router alone's does)."""
@@ -69,6 +74,9 @@ class NoPeers:
     """A router with no peers configured: nobody to tell, never in sync."""
 
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        pass
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         pass
 
     def in_sync(self) -> bool:

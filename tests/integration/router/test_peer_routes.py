@@ -197,13 +197,19 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
             ({"from": "other", "records": [good, ["leader", MODEL, sims[0].url, "x", 0]]}, "records[1]: role"),
             ({"from": "other", "records": [good, [1, 2]]}, "records[1]: must be"),
             ({"from": "other", "records": [["regular", MODEL, 7, "x", 0]]}, "must be strings"),
+            ({"from": "other", "records": [good], "prefills": {}}, "a peer batch is"),
+            ({"from": "other", "records": [good], "prefills": [[sims[0].url, "x", "yes"]]}, "prefills[0]: done"),
+            ({"from": "other", "records": [good], "prefills": [[sims[0].url, "", False]]}, "non-empty strings"),
+            ({"from": "other", "records": [good], "prefills": [[sims[0].url, "x"]]}, "prefills[0]: must be"),
         ]:
             status, body = http_json("POST", url, bad, headers=auth)
             assert status == 400 and says in body["error"]["message"], (bad, body)
         assert metric_value(r.metrics(), "smg_peer_records_received_total", outcome="applied") == 0
         stranger = ["regular", MODEL, "http://127.0.0.1:9", "y" * 100, 0]
-        status, body = http_json("POST", url, {"from": "other", "records": [good, stranger]}, headers=auth)
-        assert (status, body) == (200, {"applied": 1, "ignored": 1})
+        leads = [[sims[0].url, "x" * 50, False], ["http://127.0.0.1:9", "x" * 50, False]]  # a stranger's is ignored
+        batch = {"from": "other", "records": [good, stranger], "prefills": leads}
+        status, body = http_json("POST", url, batch, headers=auth)
+        assert (status, body) == (200, {"applied": 2, "ignored": 2})
         assert metric_value(r.metrics(), "smg_cache_tree_size_chars", model=MODEL, worker=sims[0].url) >= 100
     finally:
         r.stop()

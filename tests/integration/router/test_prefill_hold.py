@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support.procs import MODEL, Router, Sim, metric_value, start_router, start_sim, wait_until
+from support.procs import MODEL, Router, Sim, free_ports, metric_value, start_router, start_sim, wait_until
 
 SLOW = ["--prefill-tps", "2000", "--decode-step-ms", "1000"]
 """Simulated seconds at time scale 1: the 3000-char prefix prefills for 1.5 s, a decode step takes 1 s (the burst,
@@ -135,3 +135,54 @@ def test_a_burst_bigger_than_the_load_gate_stays_whole_on_the_worker_of_its_pref
         r.stop()
         for s in sims:
             s.stop()
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_burst_spread_over_two_replicas_waits_for_the_prefill_a_peer_leads(tmp_path: Path, hold: bool) -> None:
+    """Replicas with peers: replica A's request leads the first prefill of a new prefix and A tells B (``prefills`` in
+    its batch); B's requests on that prefix, hits for B (A's route is in its tree), wait for that prefill as behind
+    one of its own, and find the prefix cached.  Without holds (the premise) B sends them at once, the engine admits
+    them with A's in one step, and none finds the prefix."""
+    sim = start_sim(tmp_path, time_scale=1.0, extra=SLOW)
+    ports = free_ports(2)
+    off = [] if hold else ["--prefill-hold-seconds", "0"]
+    a, b = (
+        start_router(tmp_path, workers=[sim.url], port=port, args=[*off, "--peer", f"http://127.0.0.1:{other}"])
+        for port, other in zip(ports, reversed(ports), strict=True)
+    )
+    try:
+        for r in (a, b):
+            r.wait_routable(1)
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, what="peers in sync")
+        conn, background = _stream(a, f"background {uuid.uuid4()}", 4)
+        assert background.readline().startswith(b"data: ")  # the engine decodes it: a burst now waits for a step
+        before = _cached(sim)
+        prefix = f"[manual {uuid.uuid4()}] " + "lorem ipsum " * (PREFIX_CHARS // 12)
+        applied = metric_value(b.metrics(), "smg_peer_records_received_total", outcome="applied")
+        lead: list[bytes] = []
+        leader = threading.Thread(target=lambda: lead.extend(_burst(a, prefix, 1)))
+        leader.start()
+        told = 2 if hold else 1  # the route, and the lead when there are holds
+        wait_until(
+            lambda: metric_value(b.metrics(), "smg_peer_records_received_total", outcome="applied") >= applied + told,
+            what="B told of A's route",
+        )
+        answers = _burst(b, prefix, FOLLOWERS)
+        leader.join(timeout=60)
+        assert all(x.rstrip().endswith(b"data: [DONE]") for x in [*lead, *answers]), [x[-120:] for x in answers]
+        cached = _cached(sim) - before
+        released = metric_value(b.metrics(), "smg_prefill_holds_total", outcome="released")
+        if hold:
+            assert cached >= FOLLOWERS * PREFIX_CHARS, cached  # B's requests waited for A's prefill and found it
+            assert released == FOLLOWERS
+        else:
+            assert cached < PREFIX_CHARS, cached  # the premise: admitted with A's, none found the prefix
+            assert released == 0
+        background.read()
+        conn.close()
+        for r in (a, b):
+            wait_until(lambda r=r: r.worker(sim.url)["load"]["held"] == 0, what="nothing held")
+    finally:
+        for r in (a, b):
+            r.stop()
+        sim.stop()

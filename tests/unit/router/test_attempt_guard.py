@@ -208,3 +208,65 @@ async def test_a_worker_counts_the_requests_waiting_behind_each_prefill_until_th
     assert worker.held == {"doc B": 1}
     await short.wait(late, "m", "regular")  # the bound let it go: sent, no longer waiting
     assert worker.held == {} and _sample(metrics, "timed_out") == 1
+
+
+class _Told:
+    """The peers as ``Holds`` sees them (``policies.base.Peers``): what it told them of its leads."""
+
+    def __init__(self) -> None:
+        self.prefills: list[tuple[str, str, bool]] = []
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        raise AssertionError("Holds tells no routes")
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+        self.prefills.append((worker_url, prefix, done))
+
+    def in_sync(self) -> bool:
+        return True
+
+
+async def test_the_peers_are_told_of_a_lead_and_its_end_and_their_leads_hold_this_routers_requests() -> None:
+    """With peers a lead is told when it starts and when it ends; a lead a peer tells of holds this router's requests
+    on that worker with those leading chars until the peer tells its end, or for the bound when no end comes; a lead
+    of this router's own is not taken over by a peer's, nor ended by one."""
+    import asyncio
+
+    from smg_router.attempt import Holds
+
+    worker, registry, metrics = _setup()
+    other = make_worker(3)
+    registry.add(other)
+    peers = _Told()
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers)
+
+    def guard(on=worker):  # type: ignore[no-untyped-def]
+        return AttemptGuard(on, registry=registry, metrics=metrics)
+
+    leader = guard()
+    holds.arrange(leader, "doc A", cold=True, streamed=True)
+    assert peers.prefills == [(worker.url, "doc A", False)]
+    assert not holds.observe(worker.url, "doc A", done=False)  # a peer's lead for the same: this router's stays
+    assert not holds.observe(worker.url, "doc A", done=True)  # ... and a peer cannot end it
+    assert holds.leading() == 1
+    leader.started()
+    assert peers.prefills[-1] == (worker.url, "doc A", True) and holds.leading() == 0
+
+    assert holds.observe(other.url, "doc B", done=False)  # a peer's request leads doc B's prefill on the other worker
+    behind, here = guard(other), guard()
+    holds.arrange(behind, "doc B", cold=False, streamed=True)  # a hit for this router: its tree has the peer's route
+    holds.arrange(here, "doc B", cold=False, streamed=True)  # not on that worker: not held
+    assert behind.behind is not None and here.behind is None and other.held == {"doc B": 1}
+    waiting = asyncio.ensure_future(holds.wait(behind, "m", "regular"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert holds.observe(other.url, "doc B", done=True)  # the peer's first chunk
+    await asyncio.wait_for(waiting, 1)
+    assert _sample(metrics, "released") == 1 and holds.leading() == 0 and other.held == {}
+    assert len(peers.prefills) == 2  # a peer's lead is not told on
+
+    short = Holds(seconds=0.05, metrics=metrics, peers=peers)
+    assert short.observe(other.url, "doc C", done=False)
+    await asyncio.sleep(0.1)  # no end told: the lead is dropped after the bound
+    assert short.leading() == 0
+    assert not Holds(seconds=0.0, metrics=metrics).observe(other.url, "doc C", done=False)  # holds off
