@@ -211,9 +211,11 @@ async def peer_routes(request: Request) -> wire.Response:
     applied = 0
     for role, model, url, text, head in batch:
         applied += core.policies.policy_for(role, model).observe(model, url, text, head)
+    holds = core.proxy.holds
+    holds.heard(sender)  # every batch, the heartbeat too: the sender's leads stand
     for url, prefix, done in prefills:  # a worker this router does not serve is not held behind
         if core.registry.get(worker_id_for(url)) is not None:
-            applied += core.proxy.holds.observe(url, prefix, done=done)
+            applied += holds.observe(url, prefix, done=done, peer=sender)
     total = len(batch) + len(prefills)
     m = core.metrics.peer_records_received
     m.labels("applied").inc(applied)

@@ -19,7 +19,7 @@ not streamed never leads: the router sees its prefill end only with its whole an
 replica tells the others when one of its requests leads a prefill and when that prefill ends (``tell_prefill``), and
 holds its own requests behind the leads it is told of (``observe``) as behind its own: a burst that a Service spreads
 over the replicas is prefilled once, not once a replica.  A lead told by a peer whose end never comes is dropped after
-``--prefill-hold-seconds``.
+``--prefill-hold-seconds``, or sooner once that peer fell silent (PEER_SILENCE).
 
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
@@ -163,6 +163,22 @@ class AttemptGuard:
             self._metrics.worker_inflight.labels(w.url, w.role).set(w.inflight)
 
 
+PEER_SILENCE = 3.5
+"""Seconds without a batch from a peer router (its heartbeat comes every second: ``peers``) after which the leads it
+told of are dropped: it went away, and the ends of its prefills with it."""
+
+
+class _Told:
+    """A lead a peer told of: which peer, until when it stands at most, the timer that checks it."""
+
+    __slots__ = ("deadline", "peer", "timer")
+
+    def __init__(self, peer: str, deadline: float) -> None:
+        self.peer = peer
+        self.deadline = deadline
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class Holds:
     """The bursts in prefill: per worker, the leading chars of each streamed request that brings them to the worker
     and has not started its answer yet (module docstring)."""
@@ -174,8 +190,10 @@ class Holds:
         self._peers = peers
         self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
         """worker id -> leading chars -> released when the request that brought them there starts its answer."""
-        self._told: dict[asyncio.Future[None], asyncio.TimerHandle] = {}
-        """The leads a peer told of (``observe``) -> the timer that drops one whose end is never told."""
+        self._told: dict[asyncio.Future[None], _Told] = {}
+        """The leads a peer told of (``observe``), until their end is told or they are dropped."""
+        self._heard: dict[str, float] = {}
+        """Peer router id -> when a batch of it last came (``heard``; its heartbeat comes every second)."""
 
     def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
         """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
@@ -192,10 +210,18 @@ class Holds:
             guard.on_started = lambda: self._release(worker_id, prefix, done, url)
             self._peers.tell_prefill(url, prefix, done=False)
 
-    def observe(self, worker_url: str, prefix: str, *, done: bool) -> bool:
-        """A peer's request leads the first prefill of ``prefix`` on the worker (``done`` False: this router's
-        requests with those leading chars wait for it there, at most ``seconds``), or that prefill ended (``done``
-        True: they go).  A lead of this router's own for the same is left alone.  Whether it changed anything."""
+    def heard(self, peer: str) -> None:
+        """A batch came from the peer router ``peer`` (its id): its leads stand (``observe``)."""
+        now = self._heard[peer] = asyncio.get_running_loop().time()
+        if len(self._heard) > 64:  # ids of peers that restarted long ago
+            self._heard = {p: at for p, at in self._heard.items() if now - at < 2 * PEER_SILENCE}
+
+    def observe(self, worker_url: str, prefix: str, *, done: bool, peer: str = "") -> bool:
+        """The peer router ``peer``'s request leads the first prefill of ``prefix`` on the worker (``done`` False:
+        this router's requests with those leading chars wait for it there), or that prefill ended (``done`` True:
+        they go).  A lead is dropped after ``seconds``, or once nothing came from its peer for PEER_SILENCE (the
+        peer is gone, and the end with it).  A lead of this router's own for the same is left alone.  Whether it
+        changed anything."""
         if self.seconds <= 0:
             return False
         worker_id = worker_id_for(worker_url)
@@ -207,10 +233,26 @@ class Holds:
             return True
         if ahead is not None:
             return False
-        lead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        lead: asyncio.Future[None] = loop.create_future()
         self._leading.setdefault(worker_id, {})[prefix] = lead
-        self._told[lead] = asyncio.get_running_loop().call_later(self.seconds, self._release, worker_id, prefix, lead)
+        self._heard.setdefault(peer, loop.time())
+        told = self._told[lead] = _Told(peer, loop.time() + self.seconds)
+        told.timer = loop.call_later(min(self.seconds, PEER_SILENCE), self._check, worker_id, prefix, lead)
         return True
+
+    def _check(self, worker_id: str, prefix: str, lead: asyncio.Future[None]) -> None:
+        """A peer's lead, a while after it came: dropped past its bound or once its peer fell silent."""
+        told = self._told.get(lead)
+        if told is None:
+            return
+        now = asyncio.get_running_loop().time()
+        silent_until = self._heard.get(told.peer, now) + PEER_SILENCE
+        if now >= told.deadline or now >= silent_until:
+            self._release(worker_id, prefix, lead)
+            return
+        wake = min(told.deadline, silent_until) - now
+        told.timer = asyncio.get_running_loop().call_later(wake, self._check, worker_id, prefix, lead)
 
     def _release(self, worker_id: str, prefix: str, done: asyncio.Future[None], url: str | None = None) -> None:
         """The lead ``done`` ends: its own (``url``: then the peers are told) or a peer's (its timer cancelled)."""
@@ -219,8 +261,8 @@ class Holds:
             del leading[prefix]
             if not leading:
                 del self._leading[worker_id]
-        if (timer := self._told.pop(done, None)) is not None:
-            timer.cancel()
+        if (told := self._told.pop(done, None)) is not None and told.timer is not None:
+            told.timer.cancel()
         if not done.done():
             done.set_result(None)
             if url is not None:

@@ -270,3 +270,24 @@ async def test_the_peers_are_told_of_a_lead_and_its_end_and_their_leads_hold_thi
     await asyncio.sleep(0.1)  # no end told: the lead is dropped after the bound
     assert short.leading() == 0
     assert not Holds(seconds=0.0, metrics=metrics).observe(other.url, "doc C", done=False)  # holds off
+
+
+async def test_a_peers_leads_are_dropped_once_it_falls_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer that went away (no batch, not even its heartbeat, for PEER_SILENCE) will not tell the ends of its
+    leads: they are dropped then, long before the bound; a peer that keeps talking keeps its lead."""
+    import asyncio
+
+    import smg_router.attempt as attempt
+
+    monkeypatch.setattr(attempt, "PEER_SILENCE", 0.1)
+    worker, _, metrics = _setup()
+    holds = attempt.Holds(seconds=30.0, metrics=metrics)
+    holds.heard("gone")
+    holds.heard("alive")
+    assert holds.observe(worker.url, "doc A", done=False, peer="gone")
+    assert holds.observe(worker.url, "doc B", done=False, peer="alive")
+    for _ in range(6):
+        await asyncio.sleep(0.05)
+        holds.heard("alive")  # its heartbeat
+    assert holds.leading() == 1  # doc A dropped with its silent peer, doc B stands
+    assert holds.observe(worker.url, "doc B", done=True, peer="alive") and holds.leading() == 0
