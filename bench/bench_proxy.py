@@ -7,7 +7,8 @@ Usage (from the repository root, with the project's venv):
         [--rust-bin /tmp/smg-rust/bin/smg] [--router-commit REV] [--out results.json] [--quick]
     (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run;
     smg:<policy>+peer runs a second smg-router as the first's --peer, and counts both routers' CPU: what a request
-    costs a fleet of replicas that tell each other their routes, the sending and the receiving)
+    costs a fleet of replicas that tell each other their routes, the sending and the receiving; smg:<policy>~NAME
+    runs it with the flags of ``--variant NAME="FLAGS"``, e.g. ``--variant nocap="--tree-chars-per-token 0"``)
 
 The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
@@ -159,15 +160,24 @@ def start_sims(logs: Path, count: int) -> list[Sim]:
     return sims
 
 
-def router_argv(target: str, port: int, workers: Sequence[str], rust_bin: str, peer: int | None = None) -> list[str]:
-    """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer)."""
+def router_argv(
+    target: str,
+    port: int,
+    workers: Sequence[str],
+    rust_bin: str,
+    peer: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer, and
+    the flags of its ``--variant``)."""
     kind, _, policy = target.partition(":")
-    policy = policy.removesuffix("+peer")
+    policy = policy.partition("~")[0].removesuffix("+peer")
     if kind.startswith("smg"):
         return [
             *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
             *(("--peer", f"http://127.0.0.1:{peer}") if peer else ()),
+            *extra,
         ]
     return [
         *(rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy),
@@ -197,13 +207,14 @@ def start_router(
     pythonpath: Path | None,
     port: int | None = None,
     peer: int | None = None,
+    extra: Sequence[str] = (),
 ) -> Router:
     port = port or free_port("127.0.0.1")
     env = {}
     if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
     name = f"{target.replace(':', '-').replace('+', '-')}-{port}"
-    args = router_argv(target, port, workers, rust_bin, peer)
+    args = router_argv(target, port, workers, rust_bin, peer, extra)
     router = Router(name=name, args=args, log_path=logs / f"{name}.log", env=env, port=port)
     router.start()
     wait_for(partial(ready, target, router, len(workers)), timeout=60, what=f"{target} at {router.url}")
@@ -363,6 +374,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--duration", type=int, default=5, help="seconds measured per run")
     p.add_argument("--warmup", type=int, default=1, help="seconds of unmeasured load before each run")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help='extra smg-router flags for the targets smg:<policy>~NAME, e.g. nocap="--tree-chars-per-token 0"',
+    )
     p.add_argument("--rust-bin", default="/tmp/smg-rust/bin/smg")
     p.add_argument("--router-commit", help="measure smg-router as of this git revision (default: the working tree)")
     p.add_argument("--out", type=Path, help="write every figure, the settings and the command as JSON")
@@ -379,8 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?:\w+(\+peer)?|rust:\w+", t):
-            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy>[+peer] or rust:<policy>")
+        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?:\w+(\+peer)?(~\w+)?|rust:\w+", t):
+            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy>[+peer][~NAME] or rust:<policy>")
+    variants = {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in args.variant)}
+    for t in targets:
+        if "~" in t.partition(":")[2] and t.rpartition("~")[2] not in variants:
+            sys.exit(f"bench_proxy: target {t!r}: no --variant {t.rpartition('~')[2]}=FLAGS")
     skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
     if skipped:
         print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
@@ -408,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rev = t.partition(":")[0].partition("@")[2]
                 code = router_code(rev, logs) if rev else pythonpath
                 urls_ = [s.url for s in sims]
-                start = partial(start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code)
+                flags = variants.get(t.rpartition("~")[2], []) if "~" in t.partition(":")[2] else []
+                start = partial(start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code, extra=flags)
                 if t.endswith("+peer"):  # each the other's --peer; the second one only receives
                     ports = free_ports(2)
                     routers[t] = [start(port=ports[0], peer=ports[1]), start(port=ports[1], peer=ports[0])]
@@ -461,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "reps": args.reps,
                 "duration_s": args.duration,
                 "warmup_s": args.warmup,
+                "variants": variants,
                 "max_tokens": MAX_TOKENS,
                 "rust_bin": args.rust_bin,
                 "cores": {"wrk": LOAD_CORE, "routers_and_workers": SUT_CORE},

@@ -77,3 +77,28 @@ def test_a_target_with_a_peer_counts_both_routers_cpu(tmp_path: Path) -> None:
     for cell in cells.values():
         (run,) = cell["runs"]
         assert run["requests"] > 50 and sum(run["errors"].values()) == 0 and run["cpu_us"] > 0
+
+
+@pytest.mark.timeout(90)
+def test_a_variant_target_runs_the_router_with_the_variants_flags(tmp_path: Path) -> None:
+    """``smg:<policy>~NAME`` with ``--variant NAME=FLAGS``: the router gets those flags (a flag it does not know
+    stops the run, naming it); a target naming no declared variant is refused before anything starts."""
+    args = ["--targets", "smg:cache_aware~nocap", "--streams", "0", "--variant", "nocap=--tree-chars-per-token 0"]
+    result = run_bench(tmp_path, *args)
+    assert result["settings"]["variants"] == {"nocap": ["--tree-chars-per-token", "0"]}
+    ((cell),) = result["cells"]
+    assert cell["target"] == "smg:cache_aware~nocap" and sum(cell["runs"][0]["errors"].values()) == 0
+    bad = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--targets", "smg:round_robin~bad", "--variant", "bad=--no-such-flag"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "--no-such-flag" in bad.stdout + bad.stderr
+    undeclared = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--targets", "smg:round_robin~other"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert undeclared.returncode != 0 and "no --variant other=FLAGS" in undeclared.stderr

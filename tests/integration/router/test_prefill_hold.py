@@ -6,6 +6,7 @@ admits the whole burst into one prefill step, and caches none of it for the othe
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -182,6 +183,54 @@ def test_a_burst_spread_over_two_replicas_waits_for_the_prefill_a_peer_leads(tmp
         conn.close()
         for r in (a, b):
             wait_until(lambda r=r: r.worker(sim.url)["load"]["held"] == 0, what="nothing held")
+    finally:
+        for r in (a, b):
+            r.stop()
+        sim.stop()
+
+
+def test_a_lead_of_a_replica_that_died_mid_prefill_holds_the_others_requests_no_longer(tmp_path: Path) -> None:
+    """Replica A leads a long prefill and tells B, then is killed: its end will never be told.  B's requests on that
+    prefix wait only until B has heard nothing from A for ``attempt.PEER_SILENCE`` (3.5 s), not for the hold's bound
+    (60 s here): they are released, none times out, all are served."""
+    sim = start_sim(tmp_path, time_scale=1.0, extra=SLOW)
+    ports = free_ports(2)
+    a, b = (
+        start_router(
+            tmp_path,
+            workers=[sim.url],
+            port=port,
+            args=["--prefill-hold-seconds", "60", "--peer", f"http://127.0.0.1:{other}"],
+        )
+        for port, other in zip(ports, reversed(ports), strict=True)
+    )
+    try:
+        for r in (a, b):
+            r.wait_routable(1)
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, what="peers in sync")
+        prefix = f"[manual {uuid.uuid4()}] " + "lorem ipsum " * (PREFIX_CHARS // 12)
+        applied = metric_value(b.metrics(), "smg_peer_records_received_total", outcome="applied")
+
+        def lead() -> None:
+            with contextlib.suppress(OSError, http.client.HTTPException):  # A dies before its answer starts
+                conn, resp = _stream(a, f"{prefix}\nquestion: {uuid.uuid4()}", 1)
+                try:
+                    resp.read()
+                finally:
+                    conn.close()
+
+        leader = threading.Thread(target=lead, daemon=True)
+        leader.start()
+        wait_until(
+            lambda: metric_value(b.metrics(), "smg_peer_records_received_total", outcome="applied") >= applied + 2,
+            what="B told of A's route and lead",
+        )
+        a.kill()
+        answers = _burst(b, prefix, FOLLOWERS)
+        assert all(x.rstrip().endswith(b"data: [DONE]") for x in answers), [x[-120:] for x in answers]
+        text = b.metrics()
+        assert metric_value(text, "smg_prefill_holds_total", outcome="released") == FOLLOWERS, text
+        assert metric_value(text, "smg_prefill_holds_total", outcome="timed_out") == 0
     finally:
         for r in (a, b):
             r.stop()
