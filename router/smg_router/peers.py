@@ -32,7 +32,7 @@ import logging
 import secrets
 import socket
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -71,7 +71,8 @@ Prefill = tuple[str, str, bool]
 class _Peer:
     url: str
     pending: deque[Record] = field(default_factory=deque)
-    prefills: deque[Prefill] = field(default_factory=deque)
+    prefills: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
+    """(worker url, leading chars) -> done, in the order told; a lead and its end that meet here cancel out."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     acked_at: float = float("-inf")
     is_self: bool = False
@@ -128,17 +129,24 @@ class PeerSync:
 
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         """Queue a first prefill's start (``done`` False) or end for every peer; it goes with the next batch (a
-        prefix longer than a batch may carry is not told: cut, it would name another)."""
+        prefix longer than a batch may carry is not told: cut, it would name another).  An end whose start has not
+        gone out yet takes the start back: neither is sent (a prefill shorter than the batch delay holds nobody up,
+        and each record carries up to placement_prefix_chars).  Likewise a start whose last end has not gone out:
+        the peer's lead then goes on until this one's end."""
         if len(prefix) > self._batch_chars:
             return
-        record = (worker_url, prefix, done)
+        key = (worker_url, prefix)
         for peer in self._peers.values():
             if peer.is_self:
                 continue
-            if len(peer.prefills) >= MAX_PENDING:
-                peer.prefills.popleft()
+            pending = peer.prefills
+            if pending.get(key, done) is not done:
+                del pending[key]
+                continue
+            if len(pending) >= MAX_PENDING and key not in pending:
+                pending.popitem(last=False)
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
-            peer.prefills.append(record)
+            pending[key] = done
             peer.wake.set()
 
     def in_sync(self) -> bool:
@@ -211,10 +219,10 @@ class PeerSync:
                 batch.append(record)
                 chars += len(record[3])
             prefills: list[Prefill] = []
-            while peer.prefills and chars + len(peer.prefills[0][1]) <= self._batch_chars:
-                prefill = peer.prefills.popleft()
-                prefills.append(prefill)
-                chars += len(prefill[1])
+            while peer.prefills and chars + len(next(iter(peer.prefills))[1]) <= self._batch_chars:
+                (url, prefix), done = peer.prefills.popitem(last=False)
+                prefills.append((url, prefix, done))
+                chars += len(prefix)
             if peer.pending or peer.prefills:
                 peer.wake.set()  # the rest goes in the next batch
             await self._send(peer, batch, prefills)
