@@ -63,6 +63,7 @@ class AttemptGuard:
     __slots__ = (
         "_closed",
         "_held_under",
+        "_joins",
         "_metrics",
         "_outcome",
         "_prefill",
@@ -86,6 +87,7 @@ class AttemptGuard:
         self.behind: asyncio.Future[None] | None = None
         """The prefill this attempt waits for before it is sent (``Holds``), or None."""
         self._held_under: str | None = None
+        self._joins: str | None = None
         worker.inflight += 1
         self._prefill = prefill_chars
         worker.prefilling += 1
@@ -95,12 +97,25 @@ class AttemptGuard:
         self._trial = worker.breaker.acquire()
         self._publish()
 
+    def joins(self, prefix: str) -> None:
+        """A streamed attempt whose leading chars are ``prefix``: counted in the worker's ``joining`` until it
+        starts its answer."""
+        self._joins = prefix
+        joining = self.worker.joining
+        joining[prefix] = joining.get(prefix, 0) + 1
+
     def started(self) -> None:
         """The answer's first chunk arrived: the worker has prefilled the prompt (``Worker.prefilling``)."""
         if not self._started:
             self._started = True
             self.worker.prefilling -= 1
             self.worker.prefill_chars -= self._prefill
+            if (prefix := self._joins) is not None:
+                joining = self.worker.joining
+                if joining[prefix] > 1:
+                    joining[prefix] -= 1
+                else:
+                    del joining[prefix]
             if self.on_started is not None:
                 self.on_started()
 
@@ -336,5 +351,7 @@ class Attempts:
         prefill = len(req.text) if policy.last_prefill is None else policy.last_prefill
         guard = AttemptGuard(worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
         if streamed is not None:
+            if streamed and policy.last_prefix is not None:
+                guard.joins(policy.last_prefix)
             self.holds.arrange(guard, policy.last_prefix, cold=policy.last_cold, streamed=streamed)
         return guard

@@ -13,8 +13,10 @@ routable workers:
    (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
    placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
    the system prompt every conversation shares says nothing of this one): of the routable holders of the deepest
-   matched node that are within the gate (requests waiting there behind a prefill of this prompt's leading chars,
-   ``Worker.held``, are not counted against it: they are one prefill, and it joins them), the one with the least
+   matched node that are within the gate (streamed requests there with this prompt's leading chars that have not
+   started their answer, ``Worker.joining``: held behind its first prefill, or sent together to a worker that holds
+   it, are not counted against it: the engine prefills them together, one prefill, and it joins them), the one with
+   the least
    left to prefill (``prefill_wait``: engines prefill before they decode, so a prompt waits for the prefills ahead
    of it), then the least loaded (branch ``hit``) --
    unless a worker is warming up (below) and is the rendezvous choice for the text (branch ``warmup``).  If every
@@ -276,8 +278,8 @@ class CacheAwarePolicy(Policy):
         if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
             gated, gate = loads, ok
-            if any(key_text in workers[i].held for i in holders):  # a burst waits there for this prefix's prefill:
-                gated = [x - w.held.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]  # it is one
+            if any(key_text in workers[i].joining for i in holders):  # a burst there not prefilled yet: it joins it
+                gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
                 gate = within_gate(gated, s)
             usable = [i for i in holders if gate[i]]
             if usable:

@@ -235,3 +235,32 @@ def test_a_lead_of_a_replica_that_died_mid_prefill_holds_the_others_requests_no_
         for r in (a, b):
             r.stop()
         sim.stop()
+
+
+def test_a_burst_on_a_prefix_its_worker_holds_stays_whole_there(tmp_path: Path) -> None:
+    """A burst on a prefix one worker already holds, sent at once: none of it has started its answer when its 6th
+    request is routed, so the load gate counts them as one prefill (``Worker.joining``) and all 8 go to the holder,
+    which serves them from its cache.  Counted one by one, the 6th-8th were over the gate (abs 4) and spilled to the
+    other worker, which prefilled the prefix once more (issue 11's bursty workload: a group's second burst)."""
+    sims = [start_sim(tmp_path, time_scale=1.0, extra=SLOW) for _ in range(2)]
+    r = start_router(tmp_path, workers=[s.url for s in sims])
+    try:
+        r.wait_routable(2)
+        prefix = f"[manual {uuid.uuid4()}] " + "lorem ipsum " * (PREFIX_CHARS // 12)
+        first: list[str] = []
+        _burst(r, prefix, 1, first)  # the holder prefills the prefix
+        (holder,) = (s for s in sims if s.url == first[0])
+        (other,) = (s for s in sims if s is not holder)
+        before = _cached(holder), _cached(other)
+        routed: list[str] = []
+        size = 8
+        answers = _burst(r, prefix, size, routed)
+        assert all(a.rstrip().endswith(b"data: [DONE]") for a in answers), [a[-120:] for a in answers]
+        assert routed == [holder.url] * size, routed
+        assert _cached(holder) - before[0] >= size * PREFIX_CHARS
+        assert _cached(other) == before[1]
+        wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="nothing in flight")
+    finally:
+        r.stop()
+        for s in sims:
+            s.stop()

@@ -291,3 +291,20 @@ async def test_a_peers_leads_are_dropped_once_it_falls_silent(monkeypatch: pytes
         holds.heard("alive")  # its heartbeat
     assert holds.leading() == 1  # doc A dropped with its silent peer, doc B stands
     assert holds.observe(worker.url, "doc B", done=True, peer="alive") and holds.leading() == 0
+
+
+def test_a_streamed_attempt_joins_its_prefix_until_its_answer_starts_or_it_ends() -> None:
+    """``Worker.joining``: a streamed attempt with leading chars counts there from its open to its first chunk (or its
+    end, whichever comes first), once; other leading chars are counted apart."""
+    worker, registry, metrics = _setup()
+    first, second, other = (AttemptGuard(worker, registry=registry, metrics=metrics) for _ in range(3))
+    first.joins("doc A")
+    second.joins("doc A")
+    other.joins("doc B")
+    assert worker.joining == {"doc A": 2, "doc B": 1}
+    first.started()
+    first.close()
+    assert worker.joining == {"doc A": 1, "doc B": 1}
+    second.close()  # ended without a chunk (failed, or the client left)
+    other.started()
+    assert worker.joining == {}

@@ -905,23 +905,24 @@ def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_it
     assert p.last_prefix is None and not p.last_cold
 
 
-def test_requests_waiting_behind_a_prefill_count_as_one_for_a_request_that_joins_them(env: Env) -> None:
-    """A burst held behind the first prefill of its prefix (``Worker.held``) is one prefill, not one each: the load
-    gate does not count it against a request on the same prefix, which joins it on the holder; a request on another
-    prefix still sees the holder as busy as it is."""
+def test_requests_on_a_prefix_not_yet_prefilled_count_as_one_for_a_request_that_joins_them(env: Env) -> None:
+    """Streamed requests with the same leading chars that have not started their answer on a worker (``Worker.joining``:
+    held behind the first prefill of their prefix, or sent together to a worker that holds it) are prefilled together,
+    one prefill, not one each: the load gate does not count them against a request on the same prefix, which joins
+    them on the holder; a request on another prefix still sees the holder as busy as it is."""
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, workers)
     doc = "manual: " + "x" * 2000
     holder = p.select(workers, RouteRequest("m", doc + " question 0"), NOW)
-    holder.inflight = 6  # the leader and 5 held behind it: over the gate (abs 4, rel 1.5) against idle workers
-    holder.held[doc[:1024]] = 5
+    holder.inflight = 6  # 6 sent at once, none started: over the gate (abs 4, rel 1.5) against idle workers
+    holder.joining[doc[:1024]] = 6
     assert p.select(workers, RouteRequest("m", doc + " question 6"), NOW) is holder
     other = "another manual: " + "y" * 2000
     p.select(workers, RouteRequest("m", other + " question 0"), NOW)
-    holder.held[other[:1024]] = 1  # what is held for another prefix is no discount for this one
-    holder.held.pop(doc[:1024])
+    holder.joining[other[:1024]] = 1  # what joins another prefix is no discount for this one
+    holder.joining.pop(doc[:1024])  # they started their answers: they decode there now
     spilled = p.select(workers, RouteRequest("m", doc + " question 7"), NOW)
-    assert spilled is not holder  # nothing held behind this prefix: the gate counts all 6
+    assert spilled is not holder  # nothing of this prefix is left to prefill: the gate counts all 6
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 1
 
 
