@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from smg_router.policies.registry import PolicyRegistry
@@ -811,6 +812,24 @@ def test_a_hit_goes_to_the_holder_with_the_least_left_to_prefill_and_says_what_i
     assert p.select(workers, RouteRequest("m", prefix + "third question"), NOW) is workers[0]  # less loaded
 
 
+def _one_of_four_replicas(workers_at: tuple[int, ...]) -> tuple[FakePeers, Any, list[Any]]:
+    """A cache_aware instance with peers (in sync), a 1000-token KV per worker (1 char a token), sending a quarter of
+    the fleet's backlog: one of four replicas."""
+    from smg_router.policies.factory import PolicyFactory
+
+    env = Env(tree_chars_per_token=1.0)
+    peers = FakePeers()
+    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
+    workers = [make_worker(i) for i in workers_at]
+    p = factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for _ in range(20):
+        for w in workers:
+            env.loads.record(w.id, 4, at=NOW, inflight=1)
+            env.loads.record_kv(w.id, 1000)
+    return peers, p, workers
+
+
 class FakePeers:
     """The policy's view of its peers (``policies.base.Peers``): in sync or not, and what it was told to tell."""
 
@@ -829,19 +848,9 @@ def test_a_replica_whose_peers_are_in_sync_judges_room_from_their_routes_too() -
     """One of four replicas (a quarter of the backlog): its peers' routes (``observe``) filled the first worker's
     share, so while the peers are in sync it places a miss on the best-ranked worker with room, as a router alone
     would, and tells its peers where; out of sync, by rank alone again."""
-    from smg_router.policies.factory import PolicyFactory
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
-    env = Env(tree_chars_per_token=1.0)
-    peers = FakePeers()
-    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = factory.create("cache_aware", role="regular")
-    p.sync(workers)
-    for _ in range(20):
-        for w in workers:
-            env.loads.record(w.id, 4, at=NOW, inflight=1)
-            env.loads.record_kv(w.id, 1000)
+    peers, p, workers = _one_of_four_replicas((2, 3, 4, 5))
 
     def group(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
@@ -931,19 +940,9 @@ def test_a_replica_in_sync_puts_a_new_group_where_the_fewest_prompts_of_its_size
     fewest prompts of its size (rank only breaks ties): not a third document onto a worker that holds two while
     another holds none, whatever the hash draw (issue 11's long workload: 4 of 6 documents ranked first on one
     worker)."""
-    from smg_router.policies.factory import PolicyFactory
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
-    env = Env(tree_chars_per_token=1.0)
-    peers = FakePeers()
-    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
-    workers = [make_worker(i) for i in (2, 3, 4)]
-    p = factory.create("cache_aware", role="regular")
-    p.sync(workers)
-    for _ in range(20):
-        for w in workers:
-            env.loads.record(w.id, 4, at=NOW, inflight=1)
-            env.loads.record_kv(w.id, 1000)
+    peers, p, workers = _one_of_four_replicas((2, 3, 4))
 
     def doc(i: int) -> str:
         return f"document {i:03d} " + "abcdefghij"[i % 10] * 280  # three fit in a 1000-char share
