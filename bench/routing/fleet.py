@@ -222,12 +222,17 @@ def stop_all(procs: Sequence[Proc], *, kill: bool = False) -> None:
             print(f"warning: could not stop {p.name}: {e}", file=sys.stderr)
 
 
-DECISION_SERIES = ("smg_routing_decisions_total", "smg_routing_fallbacks_total")
+DECISION_SERIES = (
+    "smg_routing_decisions_total",
+    "smg_routing_fallbacks_total",
+    "smg_prefill_holds_total",
+    "smg_prefill_claims_total",
+)
 """The router's own account of its choices, summed over a cell's replicas (smg targets only)."""
 
 
 def decision_counts(routers: Sequence[Router]) -> dict[str, dict[str, float]]:
-    """Per series of ``DECISION_SERIES``: branch (decisions) or reason (fallbacks) -> count over every replica,
+    """Per series of ``DECISION_SERIES``: branch (decisions), reason (fallbacks) or outcome -> count over every replica,
     scraped from each replica's ``/metrics`` before it stops (what the router says it did, beside what the
     workers say they cached)."""
     totals: dict[str, Counter[str]] = {name: Counter() for name in DECISION_SERIES}
@@ -237,6 +242,7 @@ def decision_counts(routers: Sequence[Router]) -> dict[str, dict[str, float]]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in totals:
-                    key = sample.labels.get("branch") or sample.labels.get("reason") or "?"
+                    labels = sample.labels
+                    key = labels.get("branch") or labels.get("reason") or labels.get("outcome") or "?"
                     totals[sample.name][key] += sample.value
     return {name: dict(sorted(c.items())) for name, c in totals.items()}

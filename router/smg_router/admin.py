@@ -195,7 +195,8 @@ def _peer_prefill(i: int, record: object) -> tuple[str, str, bool]:
 async def peer_routes(request: Request) -> wire.Response:
     """``POST /peers/routes``: what a peer router routed, inserted as if this router had, then the first prefills its
     requests lead, for this router's holds (``peers``, ``attempt.Holds``).  The whole batch is checked before any of
-    it is applied."""
+    it is applied.  The answer names this router and the starts told that it leads itself (the peer's claim then
+    yields)."""
     core = _authorize(request)
     data = parse_json_object(await read_body(request, PEER_BODY_LIMIT))
     sender, records, told = data.get("from"), data.get("records"), data.get("prefills", [])
@@ -213,14 +214,18 @@ async def peer_routes(request: Request) -> wire.Response:
         applied += core.policies.policy_for(role, model).observe(model, url, text, head)
     holds = core.proxy.holds
     holds.heard(sender)  # every batch, the heartbeat too: the sender's leads stand
+    leads = []
     for url, prefix, done in prefills:  # a worker this router does not serve is not held behind
         if core.registry.get(worker_id_for(url)) is not None:
             applied += holds.observe(url, prefix, done=done, peer=sender)
+            if not done and holds.leads(url, prefix):
+                leads.append([url, prefix])
     total = len(batch) + len(prefills)
     m = core.metrics.peer_records_received
     m.labels("applied").inc(applied)
     m.labels("ignored").inc(total - applied)
-    return _json({"applied": applied, "ignored": total - applied})
+    own = core.peers.id if core.peers is not None else ""
+    return _json({"applied": applied, "ignored": total - applied, "id": own, "leads": leads})
 
 
 MUTATIONS = frozenset(

@@ -21,6 +21,14 @@ holds its own requests behind the leads it is told of (``observe``) as behind it
 over the replicas is prefilled once, not once a replica.  A lead told by a peer whose end never comes is dropped after
 ``--prefill-hold-seconds``, or sooner once that peer fell silent (PEER_SILENCE).
 
+A burst that a Service spreads over the replicas reaches each of them within a millisecond, before any lead can be
+told: each replica would lead a prefill of its own.  So a replica in sync with its peers claims a lead first: its
+leading request waits until every peer answered the start (``Peers.claim``: one round trip), at most
+``--prefill-claim-seconds``.  It yields, waits for that other prefill, then goes and finds the prefix cached, if a
+peer answers that it leads the same prefix on the same worker, or if a peer with a lower router id tells of such a
+lead meanwhile (two claims that cross: the lower id leads, the other yields; ``smg_prefill_claims_total``).  The
+replica whose id is the lowest of the peers heard lately never yields, so its leads do not wait.
+
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
 fault: it is retried elsewhere but leaves the breaker alone.  A client that goes away is no outcome.
@@ -198,9 +206,13 @@ class Holds:
     """The bursts in prefill: per worker, the leading chars of each streamed request that brings them to the worker
     and has not started its answer yet (module docstring)."""
 
-    def __init__(self, *, seconds: float, metrics: Metrics, peers: Peers = NO_PEERS) -> None:
+    def __init__(
+        self, *, seconds: float, metrics: Metrics, peers: Peers = NO_PEERS, claim_seconds: float = 0.0
+    ) -> None:
         self.seconds = seconds
         """The longest a request waits for the prefill it is behind; 0: nobody waits."""
+        self.claim_seconds = claim_seconds
+        """How long a lead of this router waits at most for its peers' answers to its claim; 0: it does not claim."""
         self._metrics = metrics
         self._peers = peers
         self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
@@ -209,6 +221,11 @@ class Holds:
         """The leads a peer told of (``observe``), until their end is told or they are dropped."""
         self._heard: dict[str, float] = {}
         """Peer router id -> when a batch of it last came (``heard``; its heartbeat comes every second)."""
+        self._claims: dict[tuple[str, str], asyncio.Future[None]] = {}
+        """(worker id, leading chars) -> the gate of a lead of this router in its claim (``claim_seconds``)."""
+        self._yielded: dict[tuple[str, str], asyncio.Future[None]] = {}
+        """(worker id, leading chars) -> the gate of a lead of this router that yielded to a peer's, until that
+        prefill ends (its ``_Told`` is in ``_told``)."""
 
     def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
         """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
@@ -223,7 +240,45 @@ class Holds:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leading.setdefault(worker_id, {})[prefix] = done
             guard.on_started = lambda: self._release(worker_id, prefix, done, url)
-            self._peers.tell_prefill(url, prefix, done=False)
+            if not (self.claim_seconds > 0 and self._peers.in_sync() and not self._lowest()):
+                self._peers.tell_prefill(url, prefix, done=False)
+                return
+            loop = asyncio.get_running_loop()
+            key = (worker_id, prefix)
+            gate: asyncio.Future[None] = loop.create_future()
+            self._claims[key] = gate
+            guard.hold(gate, prefix)
+            loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
+            self._peers.claim(url, prefix, lambda leaders: self._answered(key, gate, leaders))
+
+    def _lowest(self) -> bool:
+        """Whether this router's id is below every id heard lately: a lead of its own never yields."""
+        now = asyncio.get_running_loop().time()
+        own = self._peers.id
+        return all(own < peer for peer, at in self._heard.items() if now - at < PEER_SILENCE)
+
+    def _answered(self, key: tuple[str, str], gate: asyncio.Future[None], leaders: list[str]) -> None:
+        """Every peer answered a claim: it yields to one that leads the same, else its lead goes."""
+        if leaders and self._claims.get(key) is gate:
+            self._yield(key, gate, min(leaders))
+        else:
+            self._claimed(key, gate, "led")
+
+    def _claimed(self, key: tuple[str, str], gate: asyncio.Future[None], outcome: str) -> None:
+        """A claim's lead goes (``outcome``: led, every peer answered; unanswered, its bound passed first), unless it
+        yielded or went already."""
+        if self._claims.get(key) is gate:
+            del self._claims[key]
+        if gate not in self._told and not gate.done():
+            gate.set_result(None)
+            self._metrics.prefill_claims.labels(outcome).inc()
+
+    def _yield(self, key: tuple[str, str], gate: asyncio.Future[None], peer: str) -> None:
+        """This router's claim on ``key`` yields to the peer ``peer``'s lead: it goes when that prefill ends."""
+        del self._claims[key]
+        self._yielded[key] = gate
+        self._metrics.prefill_claims.labels("yielded").inc()
+        self._tell(gate, *key, peer)
 
     def heard(self, peer: str) -> None:
         """A batch came from the peer router ``peer`` (its id): its leads stand (``observe``)."""
@@ -240,21 +295,31 @@ class Holds:
         if self.seconds <= 0:
             return False
         worker_id = worker_id_for(worker_url)
+        key = (worker_id, prefix)
         ahead = self._leading.get(worker_id, {}).get(prefix)
-        if done:
+        if done:  # whichever peer's it is, the worker holds the prefix now
+            if (gate := self._yielded.get(key)) is not None:
+                self._release(worker_id, prefix, gate)
             if ahead is None or ahead not in self._told:
-                return False
+                return gate is not None
             self._release(worker_id, prefix, ahead)
             return True
         if ahead is not None:
-            return False
-        loop = asyncio.get_running_loop()
-        lead: asyncio.Future[None] = loop.create_future()
+            if (gate := self._claims.get(key)) is None or not peer < self._peers.id:
+                return False
+            self._yield(key, gate, peer)  # two claims crossed: the lower id leads
+            return True
+        lead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._leading.setdefault(worker_id, {})[prefix] = lead
+        self._tell(lead, worker_id, prefix, peer)
+        return True
+
+    def _tell(self, lead: asyncio.Future[None], worker_id: str, prefix: str, peer: str) -> None:
+        """``lead`` stands for a peer's lead: it is released by its end, its bound or its peer's silence."""
+        loop = asyncio.get_running_loop()
         self._heard.setdefault(peer, loop.time())
         told = self._told[lead] = _Told(peer, loop.time() + self.seconds)
         told.timer = loop.call_later(min(self.seconds, PEER_SILENCE), self._check, worker_id, prefix, lead)
-        return True
 
     def _check(self, worker_id: str, prefix: str, lead: asyncio.Future[None]) -> None:
         """A peer's lead, a while after it came: dropped past its bound or once its peer fell silent."""
@@ -276,6 +341,8 @@ class Holds:
             del leading[prefix]
             if not leading:
                 del self._leading[worker_id]
+        if self._yielded.get((worker_id, prefix)) is done:
+            del self._yielded[worker_id, prefix]
         if (told := self._told.pop(done, None)) is not None and told.timer is not None:
             told.timer.cancel()
         if not done.done():
@@ -294,7 +361,15 @@ class Holds:
                 await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
         finally:
             guard.unhold()
-        self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
+        if guard.on_started is None:  # a lead's claim is counted in prefill_claims
+            self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
+
+    def leads(self, worker_url: str, prefix: str) -> bool:
+        """Whether a request of this router leads the first prefill of ``prefix`` on the worker (claiming or sent),
+        not yielded: what a peer's claim on the same is answered (``admin.peer_routes``)."""
+        worker_id = worker_id_for(worker_url)
+        ahead = self._leading.get(worker_id, {}).get(prefix)
+        return ahead is not None and ahead not in self._told and (worker_id, prefix) not in self._yielded
 
     def leading(self) -> int:
         """How many bursts are in their first prefill (for tests)."""
@@ -312,6 +387,7 @@ class Attempts:
         metrics: Metrics,
         by_load: Policy | None = None,
         hold_seconds: float = 0.0,
+        claim_seconds: float = 0.0,
         peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
@@ -319,7 +395,7 @@ class Attempts:
         self._metrics = metrics
         self._by_load = by_load
         """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
-        self.holds = Holds(seconds=hold_seconds, metrics=metrics, peers=peers)
+        self.holds = Holds(seconds=hold_seconds, metrics=metrics, peers=peers, claim_seconds=claim_seconds)
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""

@@ -84,6 +84,7 @@ class RouterCore:
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
             routing=settings.routing,  # session key header, model aliases
             hold_seconds=settings.policy.prefill_hold_seconds,  # a burst on a new prefix waits for its first prefill
+            claim_seconds=settings.policy.prefill_claim_seconds,  # ... led by one replica, not one each
             peers=told,  # ... and the peers are told of it, so theirs wait too
         )
         self._tasks: list[asyncio.Task[None]] = []

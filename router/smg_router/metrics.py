@@ -337,6 +337,14 @@ class Metrics:
             ("model", "role", "outcome"),
             registry=r,
         )
+        self.prefill_claims = CounterFamily(
+            "smg_prefill_claims",
+            "Leads of a first prefill by a replica in sync with its peers, after their claim, by outcome: led "
+            "(every peer answered, none leads the same prefix on the same worker), yielded (one does: the lead "
+            "waited for that prefill), unanswered (sent after --prefill-claim-seconds without every answer)",
+            ("outcome",),
+            registry=r,
+        )
         self.evictions = CounterFamily(
             "smg_cache_tree_evictions", "Characters evicted from cache-aware trees", ("model", "role"), registry=r
         )

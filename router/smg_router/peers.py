@@ -11,14 +11,17 @@ The protocol is one admin call, ``POST /peers/routes`` (``admin.peer_routes``; t
 admin port when there is one), with ``{"from": <this router's id>, "records": [[role, model, worker url, text,
 head], ...], "prefills": [[worker url, leading chars, done], ...]}``: the routes, then the first prefills of a new
 prefix that a request of this router leads (``done`` false) or that ended (``done`` true), so that each replica
-holds its own requests behind them (``attempt.Holds``; a router of an older version ignores "prefills"). A peer that
-answers ``{"self": true}`` was this router (a DNS name lists its own pod too) and is asked no more.  Peers come from
+holds its own requests behind them (``attempt.Holds``; a router of an older version ignores "prefills").  A peer
+answers with its id and the starts it was told of that it leads itself (``{"id": ..., "leads": [[worker url,
+leading chars], ...]}``): how a claim learns whether to yield (``claim``).  A peer that answers ``{"self": true}`` was
+this router (a DNS name lists its own pod too) and is asked no more.  Peers come from
 ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless Service: every ready replica's address, re-resolved
 every DNS_INTERVAL).
 
 Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
 BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
-route is a hint about a cache, and a late one is a wrong one.  ``in_sync`` says whether every peer acknowledged a
+route is a hint about a cache, and a late one is a wrong one.  A first prefill's start does not wait: the sender goes
+at once (a claim waits for the answers).  ``in_sync`` says whether every peer acknowledged a
 batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it does not, the policy falls
 back to what a replica without peers does (its own share of the backlog decides: rank-only placement for one of
 several replicas).
@@ -33,7 +36,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -68,12 +71,25 @@ Prefill = tuple[str, str, bool]
 
 
 @dataclass(slots=True)
+class _Claim:
+    """A start told to the peers whose answers a lead waits for (``PeerSync.claim``)."""
+
+    waiting: set[str]
+    """The urls of the peers that have not answered the batch carrying it yet."""
+    answered: Callable[[list[str]], None]
+    leaders: list[str] = field(default_factory=list)
+    """The ids of the peers that answered that they lead the same."""
+
+
+@dataclass(slots=True)
 class _Peer:
     url: str
     pending: deque[Record] = field(default_factory=deque)
     prefills: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
     """(worker url, leading chars) -> done, in the order told; a lead and its end that meet here cancel out."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set with a first prefill's start: the batch goes without waiting BATCH_DELAY for more."""
     acked_at: float = float("-inf")
     is_self: bool = False
     failing: bool = False
@@ -106,6 +122,8 @@ class PeerSync:
             self._headers["Authorization"] = f"Bearer {admin_key}"
         self._metrics = metrics
         self._peers: dict[str, _Peer] = {}
+        self._claims: dict[tuple[str, str], _Claim] = {}
+        """(worker url, leading chars) -> the claim on that start, until every peer answered."""
         self._session: aiohttp.ClientSession | None = None
         self._unresolved = False
         """The last resolution of the DNS name failed (warned once until it resolves again)."""
@@ -142,12 +160,41 @@ class PeerSync:
             pending = peer.prefills
             if pending.get(key, done) is not done:
                 del pending[key]
+                self._answered(peer.url, key, None)  # a start taken back: nothing for that peer to answer
                 continue
             if len(pending) >= MAX_PENDING and key not in pending:
                 pending.popitem(last=False)
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
             pending[key] = done
             peer.wake.set()
+            if not done:
+                peer.hurry.set()
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        """Tell a first prefill's start (``tell_prefill``); ``answered`` is called once every peer answered the
+        batch that carried it (a failed batch, a dropped peer count as answers), with the ids of the peers that
+        lead the same themselves.  Nobody to tell, or a prefix too long to tell: at once, with none."""
+        peers = {p.url for p in self._peers.values() if not p.is_self}
+        key = (worker_url, prefix)
+        if not peers or len(prefix) > self._batch_chars:
+            answered([])
+            return
+        if (stale := self._claims.pop(key, None)) is not None:
+            stale.answered(stale.leaders)
+        self._claims[key] = _Claim(peers, answered)
+        self.tell_prefill(worker_url, prefix, done=False)
+
+    def _answered(self, peer_url: str, key: tuple[str, str], leader: str | None) -> None:
+        """A peer answered the start of ``key`` (``leader``: its id, when it leads the same itself)."""
+        claim = self._claims.get(key)
+        if claim is None or peer_url not in claim.waiting:
+            return
+        claim.waiting.discard(peer_url)
+        if leader is not None:
+            claim.leaders.append(leader)
+        if not claim.waiting:
+            del self._claims[key]
+            claim.answered(claim.leaders)
 
     def in_sync(self) -> bool:
         """Whether there is at least one peer and every one acknowledged a batch within STALE seconds."""
@@ -198,6 +245,8 @@ class PeerSync:
         return urls
 
     async def _drop(self, peer: _Peer) -> None:
+        for key in list(self._claims):
+            self._answered(peer.url, key, None)
         if peer.task is not None:
             peer.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -209,9 +258,11 @@ class PeerSync:
         while not peer.is_self:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(peer.wake.wait(), HEARTBEAT)
-            if peer.pending or peer.prefills:
-                await asyncio.sleep(BATCH_DELAY)
+            if (peer.pending or peer.prefills) and not peer.hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(peer.hurry.wait(), BATCH_DELAY)
             peer.wake.clear()
+            peer.hurry.clear()
             batch: list[Record] = []
             chars = 0
             while peer.pending and chars + len(peer.pending[0][3]) <= self._batch_chars:
@@ -233,15 +284,26 @@ class PeerSync:
         if prefills:
             message["prefills"] = prefills
         body = orjson.dumps(message)
+        starts = [(url, prefix) for url, prefix, done in prefills if not done]
+        leads: set[tuple[str, str]] = set()
+        leader: str | None = None
         try:
             async with self._session.post(peer.url + PATH, data=body, headers=self._headers) as resp:
                 answer = await resp.read()
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status}: {answer[:200]!r}")
-                if orjson.loads(answer).get("self"):
+                reply = orjson.loads(answer)
+                if reply.get("self"):
                     peer.is_self = True
                     log.info("peer %s is this router: not telling it", peer.url)
                     return
+                leader, told = reply.get("id"), reply.get("leads")
+                if isinstance(leader, str) and isinstance(told, list):  # an older router answers neither
+                    leads = {
+                        (r[0], r[1])
+                        for r in told
+                        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+                    }
         except (aiohttp.ClientError, TimeoutError, RuntimeError, orjson.JSONDecodeError, AttributeError) as e:
             self._metrics.peer_records_sent.labels(peer.url, "failed").inc(len(batch) + len(prefills))
             if not peer.failing:
@@ -249,6 +311,9 @@ class PeerSync:
                 log.warning("peer %s: %s (its routes are dropped until it answers)", peer.url, why)
             peer.failing = True
             return
+        finally:
+            for key in starts:
+                self._answered(peer.url, key, leader if key in leads else None)
         if peer.failing:
             log.info("peer %s answers again", peer.url)
         peer.failing = False

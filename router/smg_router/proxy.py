@@ -61,6 +61,7 @@ class Proxy:
         by_load: Policy | None = None,
         routing: RoutingSettings | None = None,
         hold_seconds: float = 0.0,
+        claim_seconds: float = 0.0,
         peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
@@ -77,6 +78,7 @@ class Proxy:
             metrics=metrics,
             by_load=by_load,
             hold_seconds=hold_seconds,
+            claim_seconds=claim_seconds,
             peers=peers,
         )
         self.holds = self._attempts.holds

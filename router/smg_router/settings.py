@@ -73,6 +73,11 @@ class PolicySettings:
     """A burst on one new prefix: the requests routed to the worker that takes its first streamed request wait, at
     most this long, until that request's answer starts (the engine then holds the prefix: they prefill only their
     own tails instead of the whole prefix each, at once), ``attempt.Holds``.  0: nobody waits."""
+    prefill_claim_seconds: float = 0.05
+    """With peers in sync: how long at most a request that would lead the first prefill of a new prefix waits for the
+    peers' answers to its claim (one round trip, usually: a burst reaches every replica at once, and one of them
+    leads; ``attempt.Holds``).  A lead of the replica with the lowest id does not wait.  0: no claims (each replica
+    may lead its own)."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -357,6 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="requests on a new prefix wait at most this long for the first one's prefill on their worker (0: off)",
     )
+    add(
+        "--prefill-claim-seconds",
+        pol.prefill_claim_seconds,
+        type=float,
+        help="with peers: a request that leads a new prefix's prefill waits this long at most for the peers' answers"
+        " (0: off)",
+    )
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
     add(
@@ -481,6 +493,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--warmup-seconds must be 0 (off) or a positive number of seconds")
     if not 0.0 <= a.prefill_hold_seconds < 1e6:  # NaN fails this too
         parser.error("--prefill-hold-seconds must be 0 (off) or a positive number of seconds")
+    if not 0.0 <= a.prefill_claim_seconds <= 1.0:  # NaN fails this too
+        parser.error("--prefill-claim-seconds must be 0 (off) or a number of seconds up to 1")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -582,6 +596,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             tree_chars_per_token=a.tree_chars_per_token,
             warmup_seconds=a.warmup_seconds,
             prefill_hold_seconds=a.prefill_hold_seconds,
+            prefill_claim_seconds=a.prefill_claim_seconds,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),

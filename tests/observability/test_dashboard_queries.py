@@ -266,7 +266,7 @@ def test_the_dashboard_covers_the_required_panels() -> None:
         "Worker health",
         "Worker lifecycle events",
         "PD requests",
-        "Prefill holds",
+        "Prefill holds and claims",
         "Cache-aware decisions by branch",
         "Reconciles by result",
         "Router call errors",

@@ -4,6 +4,7 @@
 the client's calls hang until its own timeouts fire (neither a refusal nor a reset, which a client notices at
 once).  ``restore()`` forwards new connections again and closes the black-holed ones, as a healed network whose
 old connections time out: what was sent into the hole is never delivered late.  TLS passes through untouched.
+``delay``: every chunk is forwarded that many seconds late, either way (a slow link between two nodes).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import select
 import socket
 import threading
+import time
 
 __all__ = ["CuttableProxy"]
 
@@ -34,8 +36,9 @@ class _Pair:
 class CuttableProxy:
     """127.0.0.1:``port`` → ``upstream`` (host, port); one thread per connection (tests open few)."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], *, delay: float = 0.0) -> None:
         self.upstream = upstream
+        self.delay = delay
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._cut = False
@@ -119,6 +122,8 @@ class CuttableProxy:
                 if pair.holed:
                     continue  # swallowed: never forwarded, now or later
                 other = pair.upstream if s is pair.client else pair.client
+                if self.delay:
+                    time.sleep(self.delay)
                 try:
                     assert other is not None
                     other.sendall(data)

@@ -12,7 +12,7 @@ id) is pinned by ``sticky`` the same way whatever the policy, then the policy re
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -55,6 +55,9 @@ class RouteRequest(Protocol):
 class Peers(Protocol):
     """The other router replicas, as a policy sees them (``peers.PeerSync``): told what this one routed."""
 
+    id: str
+    """This router's id in what it tells (the peers' ids order their claims on a first prefill: ``attempt.Holds``)."""
+
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
         ...
@@ -62,6 +65,12 @@ class Peers(Protocol):
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         """A request of this router brought ``prefix`` (its leading chars) to the worker and leads its first prefill
         there (``done`` False), or that prefill ended (``done`` True): tell every peer (``attempt.Holds``)."""
+        ...
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        """As ``tell_prefill`` of a start; ``answered`` is called once every peer answered the batch that carried
+        it, with the ids of those that lead a prefill of the same prefix on the same worker themselves
+        (``attempt.Holds``)."""
         ...
 
     def in_sync(self) -> bool:
@@ -73,11 +82,16 @@ class Peers(Protocol):
 class NoPeers:
     """A router with no peers configured: nobody to tell, never in sync."""
 
+    id = ""
+
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         pass
 
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         pass
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        answered([])
 
     def in_sync(self) -> bool:
         return False

@@ -209,7 +209,8 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
         leads = [[sims[0].url, "x" * 50, False], ["http://127.0.0.1:9", "x" * 50, False]]  # a stranger's is ignored
         batch = {"from": "other", "records": [good, stranger], "prefills": leads}
         status, body = http_json("POST", url, batch, headers=auth)
-        assert (status, body) == (200, {"applied": 2, "ignored": 2})
+        assert status == 200 and (body["applied"], body["ignored"], body["leads"]) == (2, 2, [])  # it leads none
+        assert body["id"] == ""  # no peers of its own: it claims nothing, so it needs no id
         assert metric_value(r.metrics(), "smg_cache_tree_size_chars", model=MODEL, worker=sims[0].url) >= 100
     finally:
         r.stop()

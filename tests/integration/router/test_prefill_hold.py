@@ -12,10 +12,12 @@ import json
 import threading
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from support.procs import MODEL, Router, Sim, free_ports, metric_value, start_router, start_sim, wait_until
+from support.tcp_proxy import CuttableProxy
 
 SLOW = ["--prefill-tps", "2000", "--decode-step-ms", "1000"]
 """Simulated seconds at time scale 1: the 3000-char prefix prefills for 1.5 s, a decode step takes 1 s (the burst,
@@ -38,15 +40,18 @@ def _cached(sim: Sim) -> float:
         return metric_value(resp.read().decode(), "sglang:cached_tokens_total")
 
 
-def _burst(router: Router, prefix: str, size: int = 1 + FOLLOWERS, routed: list[str] | None = None) -> list[bytes]:
-    """The burst: one streamed completion per thread, all sent at once; each answer read whole (and the worker each
-    was routed to appended to ``routed``)."""
+def _burst(
+    router: Router | Sequence[Router], prefix: str, size: int = 1 + FOLLOWERS, routed: list[str] | None = None
+) -> list[bytes]:
+    """The burst: one streamed completion per thread, all sent at once (over several routers: by turns, as a Service
+    spreads them); each answer read whole (and the worker each was routed to appended to ``routed``)."""
+    routers = router if isinstance(router, Sequence) else [router]
     answers: list[bytes] = [b""] * size
     go = threading.Barrier(size)
 
     def one(i: int) -> None:
         go.wait()
-        conn, resp = _stream(router, f"{prefix}\nquestion {i}: {uuid.uuid4()}", 1)
+        conn, resp = _stream(routers[i % len(routers)], f"{prefix}\nquestion {i}: {uuid.uuid4()}", 1)
         try:
             answers[i] = resp.read()
             if routed is not None:
@@ -186,6 +191,51 @@ def test_a_burst_spread_over_two_replicas_waits_for_the_prefill_a_peer_leads(tmp
     finally:
         for r in (a, b):
             r.stop()
+        sim.stop()
+
+
+@pytest.mark.parametrize("claim", [True, False])
+def test_a_burst_that_reaches_two_replicas_at_once_is_prefilled_once(tmp_path: Path, claim: bool) -> None:
+    """A burst spread over replicas A and B at once, their link slow (0.2 s each way): each replica's first request
+    would lead a prefill of its own, as neither lead can be told before both went out.  With claims
+    (``--prefill-claim-seconds``, wider than the link's delay) the replica with the higher id waits, is told of the
+    other's lead, yields, and its requests find the prefix cached: the engine prefills it once.  Without (the
+    premise) both leads go out, are admitted in one step, and are prefilled whole."""
+    sim = start_sim(tmp_path, time_scale=1.0, extra=SLOW)
+    ports = free_ports(2)
+    links = [CuttableProxy(("127.0.0.1", port), delay=0.2) for port in reversed(ports)]  # A -> B, B -> A
+    window = ["--prefill-claim-seconds", "0.8" if claim else "0"]
+    a, b = (
+        start_router(tmp_path, workers=[sim.url], port=port, args=[*window, "--peer", f"http://127.0.0.1:{link.port}"])
+        for port, link in zip(ports, links, strict=True)
+    )
+    try:
+        for r in (a, b):
+            r.wait_routable(1)
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, what="peers in sync")
+        conn, background = _stream(a, f"background {uuid.uuid4()}", 4)
+        assert background.readline().startswith(b"data: ")  # the engine decodes it: the leads wait for a step
+        before = _cached(sim)
+        prefix = f"[manual {uuid.uuid4()}] " + "lorem ipsum " * (PREFIX_CHARS // 12)
+        answers = _burst([a, b], prefix, 4)  # two requests on each replica
+        assert all(x.rstrip().endswith(b"data: [DONE]") for x in answers), [x[-120:] for x in answers]
+        cached = _cached(sim) - before
+        texts = [a.metrics(), b.metrics()]
+        yielded = sum(metric_value(t, "smg_prefill_claims_total", outcome="yielded") for t in texts)
+        if claim:
+            assert cached >= 3 * PREFIX_CHARS, cached  # one prefill of the prefix: three requests found it
+            assert yielded == 1
+        else:
+            assert cached < 3 * PREFIX_CHARS, cached  # the premise: each replica led a prefill of its own
+            assert yielded == 0
+        assert sum(metric_value(t, "smg_prefill_holds_total", outcome="timed_out") for t in texts) == 0
+        background.read()
+        conn.close()
+    finally:
+        for r in (a, b):
+            r.stop()
+        for link in links:
+            link.close()
         sim.stop()
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 from smg_router.attempt import AttemptGuard, is_retryable, is_worker_failure
 from smg_router.metrics import Metrics
@@ -213,14 +216,21 @@ async def test_a_worker_counts_the_requests_waiting_behind_each_prefill_until_th
 class _Told:
     """The peers as ``Holds`` sees them (``policies.base.Peers``): what it told them of its leads."""
 
-    def __init__(self) -> None:
+    def __init__(self, id: str = "m") -> None:
+        self.id = id
         self.prefills: list[tuple[str, str, bool]] = []
+        self.claims: dict[tuple[str, str], Callable[[list[str]], None]] = {}
+        """Whom to tell the peers' answers to a claim: the test calls it (the peers answering)."""
 
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         raise AssertionError("Holds tells no routes")
 
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         self.prefills.append((worker_url, prefix, done))
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        self.tell_prefill(worker_url, prefix, done=False)
+        self.claims[worker_url, prefix] = answered
 
     def in_sync(self) -> bool:
         return True
@@ -308,3 +318,77 @@ def test_a_streamed_attempt_joins_its_prefix_until_its_answer_starts_or_it_ends(
     second.close()  # ended without a chunk (failed, or the client left)
     other.started()
     assert worker.joining == {}
+
+
+def _claims(metrics: Metrics, outcome: str) -> float:
+    return metrics.registry.get_sample_value("smg_prefill_claims_total", {"outcome": outcome}) or 0.0
+
+
+async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yields_to_a_lead_of_the_same() -> None:
+    """A burst a Service spreads over the replicas: a lead of a replica in sync with its peers claims first.  It goes
+    once every peer answered and none leads the same prefix on the same worker (led); it yields when one answers
+    that it does, or when a peer with a lower id tells of such a lead meanwhile (two claims crossed), and goes when
+    that prefill ends; without every answer it goes after the bound (unanswered).  A lead of the replica whose id is
+    the lowest heard does not claim, nor one of a replica without peers in sync."""
+    from smg_router.attempt import Holds
+    from smg_router.policies.base import NO_PEERS
+
+    worker, registry, metrics = _setup()
+    url = worker.url
+    peers = _Told(id="m")
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0)
+    holds.heard("a")
+    holds.heard("z")
+
+    def guard() -> AttemptGuard:
+        return AttemptGuard(worker, registry=registry, metrics=metrics)
+
+    async def waits(g: AttemptGuard) -> asyncio.Future[None]:
+        going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
+        await asyncio.sleep(0.02)
+        assert not going.done()
+        return going
+
+    lead, behind = guard(), guard()
+    holds.arrange(lead, "doc A", cold=True, streamed=True)
+    holds.arrange(behind, "doc A", cold=False, streamed=True)
+    assert peers.prefills == [(url, "doc A", False)] and lead.behind is not None and behind.behind is not None
+    assert holds.leads(url, "doc A")  # what a peer's claim on the same is answered
+    going = await waits(lead)
+    peers.claims[url, "doc A"]([])  # every peer answered: none leads it
+    await asyncio.wait_for(going, 1)
+    assert _claims(metrics, "led") == 1 and _sample(metrics, "released") == 0  # a claim is no hold
+
+    second = guard()
+    holds.arrange(second, "doc B", cold=True, streamed=True)
+    peers.claims[url, "doc B"](["z"])  # a peer leads it already (sent: whatever its id)
+    assert _claims(metrics, "yielded") == 1 and not holds.leads(url, "doc B")
+    going = await waits(second)
+    assert holds.observe(url, "doc B", done=True, peer="z")  # that prefill ended: the prefix is cached
+    await asyncio.wait_for(going, 1)
+
+    third = guard()
+    holds.arrange(third, "doc C", cold=True, streamed=True)
+    assert not holds.observe(url, "doc C", done=False, peer="z")  # a higher id's claim crossed it: that one yields
+    assert holds.observe(url, "doc C", done=False, peer="a")  # a lower id's: this one yields
+    assert _claims(metrics, "yielded") == 2
+    peers.claims[url, "doc C"]([])  # answers that come after change nothing
+    going = await waits(third)
+    assert holds.observe(url, "doc C", done=True, peer="a")
+    await asyncio.wait_for(going, 1)
+    assert _claims(metrics, "led") == 1
+
+    short = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=0.05)
+    short.heard("a")
+    fourth = guard()
+    short.arrange(fourth, "doc D", cold=True, streamed=True)
+    await asyncio.wait_for(short.wait(fourth, "m", "regular"), 1)  # no answer: the bound lets it go
+    assert _claims(metrics, "unanswered") == 1
+
+    lowest = Holds(seconds=5.0, metrics=metrics, peers=_Told(id="0"), claim_seconds=5.0)
+    lowest.heard("a")
+    alone = Holds(seconds=5.0, metrics=metrics, peers=NO_PEERS, claim_seconds=5.0)
+    for h in (lowest, alone):
+        g = guard()
+        h.arrange(g, "doc E", cold=True, streamed=True)
+        assert g.behind is None and h.leading() == 1  # it leads at once

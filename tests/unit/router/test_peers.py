@@ -35,3 +35,66 @@ def test_a_peer_that_is_this_router_is_told_nothing_and_a_prefix_too_long_for_a_
     peer.is_self = False
     sync.tell_prefill(W, "x" * (sync._batch_chars + 1), done=False)  # cut, it would name another prefix
     assert not peer.prefills
+
+
+async def test_a_claim_is_answered_once_every_peer_answered_with_the_ids_of_those_that_lead_the_same() -> None:
+    """``claim``: the start goes to every peer at once; the answer comes when the last peer answered the batch that
+    carried it, with the ids of the peers that said they lead the same; a peer of an older version (no id, no
+    leads), one whose answer is garbage and one that cannot be reached count as answers that lead nothing."""
+    import asyncio
+    import socket
+
+    from aiohttp import web
+
+    bodies: list[dict[str, object]] = []
+
+    async def leader(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.json_response({"applied": 1, "ignored": 0, "id": "a", "leads": [[W, "doc A"], ["x"], [1, 2]]})
+
+    async def older(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"applied": 1, "ignored": 0})
+
+    async def garbage(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "b", "leads": "all of them"})
+
+    runners, urls = [], []
+    for handler in (leader, older, garbage):
+        app = web.Application()
+        app.router.add_post("/peers/routes", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        urls.append(f"http://127.0.0.1:{s.getsockname()[1]}")
+    sync = PeerSync(urls=urls, dns=None, admin_key=None, metrics=Metrics())
+    task = asyncio.ensure_future(sync.run())
+    try:
+        for _ in range(300):  # the sender tasks start with run's first round
+            if len(sync._peers) == len(urls):
+                break
+            await asyncio.sleep(0.01)
+        answers: dict[str, list[str]] = {}
+        sync.claim(W, "doc A", lambda leaders: answers.setdefault("doc A", leaders))
+        sync.claim(W, "doc B", lambda leaders: answers.setdefault("doc B", leaders))
+        for _ in range(300):
+            if len(answers) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert answers == {"doc A": ["a"], "doc B": []}
+        starts = [p for body in bodies for p in body.get("prefills", [])]  # type: ignore[attr-defined]
+        assert [W, "doc A", False] in starts and [W, "doc B", False] in starts
+        nobody = PeerSync(urls=[], dns=None, admin_key=None, metrics=Metrics())
+        nobody.claim(W, "doc C", lambda leaders: answers.setdefault("doc C", leaders))
+        assert answers["doc C"] == []  # no peer: answered at once
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for runner in runners:
+            await runner.cleanup()
