@@ -290,8 +290,9 @@ class Holds:
         """The peer router ``peer``'s request leads the first prefill of ``prefix`` on the worker (``done`` False:
         this router's requests with those leading chars wait for it there), or that prefill ended (``done`` True:
         they go).  A lead is dropped after ``seconds``, or once nothing came from its peer for PEER_SILENCE (the
-        peer is gone, and the end with it).  A lead of this router's own for the same is left alone.  Whether it
-        changed anything."""
+        peer is gone, and the end with it).  A lead of this router's own for the same is left alone, unless it is in
+        its claim: it yields to a lower id's lead, and goes at once on any end (the worker holds the prefix then).
+        Whether it changed anything."""
         if self.seconds <= 0:
             return False
         worker_id = worker_id_for(worker_url)
@@ -300,6 +301,9 @@ class Holds:
         if done:  # whichever peer's it is, the worker holds the prefix now
             if (gate := self._yielded.get(key)) is not None:
                 self._release(worker_id, prefix, gate)
+            elif (gate := self._claims.pop(key, None)) is not None and not gate.done():
+                gate.set_result(None)  # ended before this claim was answered: nothing left to yield to
+                self._metrics.prefill_claims.labels("yielded").inc()
             if ahead is None or ahead not in self._told:
                 return gate is not None
             self._release(worker_id, prefix, ahead)

@@ -378,6 +378,13 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
     await asyncio.wait_for(going, 1)
     assert _claims(metrics, "led") == 1
 
+    fifth = guard()
+    holds.arrange(fifth, "doc F", cold=True, streamed=True)
+    assert holds.observe(url, "doc F", done=True, peer="z")  # a peer's prefill of it ended before the answers came
+    await asyncio.wait_for(holds.wait(fifth, "m", "regular"), 1)  # the prefix is cached: it goes at once
+    peers.claims[url, "doc F"](["z"])  # the answer that said so, late: nothing to yield to any more
+    assert _claims(metrics, "yielded") == 3 and not holds._yielded
+
     short = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=0.05)
     short.heard("a")
     fourth = guard()
