@@ -105,6 +105,11 @@ class AttemptGuard:
         self._trial = worker.breaker.acquire()
         self._publish()
 
+    @property
+    def prefill_chars(self) -> int:
+        """The chars of the prompt its worker is expected to prefill (what it does not hold)."""
+        return self._prefill
+
     def joins(self, prefix: str) -> None:
         """A streamed attempt whose leading chars are ``prefix``: counted in the worker's ``joining`` until it
         starts its answer."""
@@ -207,12 +212,21 @@ class Holds:
     and has not started its answer yet (module docstring)."""
 
     def __init__(
-        self, *, seconds: float, metrics: Metrics, peers: Peers = NO_PEERS, claim_seconds: float = 0.0
+        self,
+        *,
+        seconds: float,
+        metrics: Metrics,
+        peers: Peers = NO_PEERS,
+        claim_seconds: float = 0.0,
+        claim_min_chars: int = 1024,
     ) -> None:
         self.seconds = seconds
         """The longest a request waits for the prefill it is behind; 0: nobody waits."""
         self.claim_seconds = claim_seconds
         """How long a lead of this router waits at most for its peers' answers to its claim; 0: it does not claim."""
+        self.claim_min_chars = claim_min_chars
+        """A lead claims only when its worker is to prefill at least this many chars: a shorter prefill done twice
+        costs the engine less than a claim's round trip costs the routers."""
         self._metrics = metrics
         self._peers = peers
         self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
@@ -240,7 +254,12 @@ class Holds:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leading.setdefault(worker_id, {})[prefix] = done
             guard.on_started = lambda: self._release(worker_id, prefix, done, url)
-            if not (self.claim_seconds > 0 and self._peers.in_sync() and not self._lowest()):
+            if not (
+                self.claim_seconds > 0
+                and guard.prefill_chars >= self.claim_min_chars
+                and self._peers.in_sync()
+                and not self._lowest()
+            ):
                 self._peers.tell_prefill(url, prefix, done=False)
                 return
             loop = asyncio.get_running_loop()
@@ -390,16 +409,15 @@ class Attempts:
         policies: PolicyRegistry,
         metrics: Metrics,
         by_load: Policy | None = None,
-        hold_seconds: float = 0.0,
-        claim_seconds: float = 0.0,
-        peers: Peers = NO_PEERS,
+        holds: Holds | None = None,
     ) -> None:
         self._registry = registry
         self._policies = policies
         self._metrics = metrics
         self._by_load = by_load
         """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
-        self.holds = Holds(seconds=hold_seconds, metrics=metrics, peers=peers, claim_seconds=claim_seconds)
+        self.holds = holds if holds is not None else Holds(seconds=0.0, metrics=metrics)
+        """The bursts in prefill (None given: nobody waits)."""
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from smg_router import wire
+from smg_router.attempt import Holds
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.peers import PeerSync
@@ -83,9 +84,13 @@ class RouterCore:
             pd_mode=settings.pd.mode if settings.pd.enabled else None,
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
             routing=settings.routing,  # session key header, model aliases
-            hold_seconds=settings.policy.prefill_hold_seconds,  # a burst on a new prefix waits for its first prefill
-            claim_seconds=settings.policy.prefill_claim_seconds,  # ... led by one replica, not one each
-            peers=told,  # ... and the peers are told of it, so theirs wait too
+            holds=Holds(  # a burst on a new prefix waits for its first prefill
+                seconds=settings.policy.prefill_hold_seconds,
+                metrics=self.metrics,
+                peers=told,  # ... the peers are told of it, so theirs wait too
+                claim_seconds=settings.policy.prefill_claim_seconds,  # ... led by one replica, not one each
+                claim_min_chars=settings.policy.prefill_claim_min_chars,
+            ),
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(

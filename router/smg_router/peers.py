@@ -20,8 +20,8 @@ every DNS_INTERVAL).
 
 Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
 BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
-route is a hint about a cache, and a late one is a wrong one.  A first prefill's start does not wait: the sender goes
-at once (a claim waits for the answers).  ``in_sync`` says whether every peer acknowledged a
+route is a hint about a cache, and a late one is a wrong one.  A claimed start does not wait: the sender goes at
+once (its lead waits for the answers).  ``in_sync`` says whether every peer acknowledged a
 batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it does not, the policy falls
 back to what a replica without peers does (its own share of the backlog decides: rank-only placement for one of
 several replicas).
@@ -89,7 +89,7 @@ class _Peer:
     """(worker url, leading chars) -> done, in the order told; a lead and its end that meet here cancel out."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set with a first prefill's start: the batch goes without waiting BATCH_DELAY for more."""
+    """Set with a claimed start: the batch goes without waiting BATCH_DELAY for more."""
     acked_at: float = float("-inf")
     is_self: bool = False
     failing: bool = False
@@ -148,9 +148,9 @@ class PeerSync:
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
         """Queue a first prefill's start (``done`` False) or end for every peer; it goes with the next batch (a
         prefix longer than a batch may carry is not told: cut, it would name another).  An end whose start has not
-        gone out yet takes the start back: neither is sent (a prefill shorter than the batch delay holds nobody up,
-        and each record carries up to placement_prefix_chars).  Likewise a start whose last end has not gone out:
-        the peer's lead then goes on until this one's end."""
+        gone out yet goes instead of it (the peer may know of the lead all the same: this router's answer to its
+        claim named it, ``admin.peer_routes``).  A start whose last end has not gone out takes that end back: the
+        peer's lead then goes on until this one's end."""
         if len(prefix) > self._batch_chars:
             return
         key = (worker_url, prefix)
@@ -159,16 +159,17 @@ class PeerSync:
                 continue
             pending = peer.prefills
             if pending.get(key, done) is not done:
-                del pending[key]
-                self._answered(peer.url, key, None)  # a start taken back: nothing for that peer to answer
+                if done:
+                    pending[key] = True
+                    self._answered(peer.url, key, None)  # a start that will not go: nothing for that peer to answer
+                else:
+                    del pending[key]
                 continue
             if len(pending) >= MAX_PENDING and key not in pending:
                 pending.popitem(last=False)
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
             pending[key] = done
             peer.wake.set()
-            if not done:
-                peer.hurry.set()
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
         """Tell a first prefill's start (``tell_prefill``); ``answered`` is called once every peer answered the
@@ -183,6 +184,8 @@ class PeerSync:
             stale.answered(stale.leaders)
         self._claims[key] = _Claim(peers, answered)
         self.tell_prefill(worker_url, prefix, done=False)
+        for peer in self._peers.values():
+            peer.hurry.set()
 
     def _answered(self, peer_url: str, key: tuple[str, str], leader: str | None) -> None:
         """A peer answered the start of ``key`` (``leader``: its id, when it leads the same itself)."""

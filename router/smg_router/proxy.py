@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import orjson
 
 from smg_router import wire
-from smg_router.attempt import Attempts, is_retryable
+from smg_router.attempt import Attempts, Holds, is_retryable
 from smg_router.errors import (
     BadRequest,
     ModelNotFound,
@@ -36,7 +36,7 @@ from smg_router.errors import (
 )
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
-from smg_router.policies.base import NO_PEERS, Peers, Policy
+from smg_router.policies.base import Policy
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.relay import RESPONSES, Relay
 from smg_router.request import PD_ENDPOINTS, ProxyRequest, apply_routing_headers
@@ -60,9 +60,7 @@ class Proxy:
         pd_mode: str | None = None,
         by_load: Policy | None = None,
         routing: RoutingSettings | None = None,
-        hold_seconds: float = 0.0,
-        claim_seconds: float = 0.0,
-        peers: Peers = NO_PEERS,
+        holds: Holds | None = None,
     ) -> None:
         self._registry = registry
         self._routing = routing or RoutingSettings()
@@ -77,9 +75,7 @@ class Proxy:
             policies=policies,
             metrics=metrics,
             by_load=by_load,
-            hold_seconds=hold_seconds,
-            claim_seconds=claim_seconds,
-            peers=peers,
+            holds=holds,
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``attempt.Holds``); the peers' leads go in too (``admin``)."""

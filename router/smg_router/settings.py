@@ -78,6 +78,9 @@ class PolicySettings:
     peers' answers to its claim (one round trip, usually: a burst reaches every replica at once, and one of them
     leads; ``attempt.Holds``).  A lead of the replica with the lowest id does not wait.  0: no claims (each replica
     may lead its own)."""
+    prefill_claim_min_chars: int = 1024
+    """A lead claims only when its worker is to prefill at least this many chars of its prompt (what the tree says
+    the worker does not hold): a shorter prefill done twice costs the engine less than a claim's round trip costs."""
     prefill_policy: str | None = None
     """PD prefill slot policy; None means ``name``."""
     decode_policy: str | None = None
@@ -369,6 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with peers: a request that leads a new prefix's prefill waits this long at most for the peers' answers"
         " (0: off)",
     )
+    add(
+        "--prefill-claim-min-chars",
+        pol.prefill_claim_min_chars,
+        type=int,
+        help="with peers: only a lead whose worker is to prefill at least this many chars claims it",
+    )
     add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
     add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
     add(
@@ -495,6 +504,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--prefill-hold-seconds must be 0 (off) or a positive number of seconds")
     if not 0.0 <= a.prefill_claim_seconds <= 1.0:  # NaN fails this too
         parser.error("--prefill-claim-seconds must be 0 (off) or a number of seconds up to 1")
+    if a.prefill_claim_min_chars < 0:
+        parser.error("--prefill-claim-min-chars must be 0 or more")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -597,6 +608,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             warmup_seconds=a.warmup_seconds,
             prefill_hold_seconds=a.prefill_hold_seconds,
             prefill_claim_seconds=a.prefill_claim_seconds,
+            prefill_claim_min_chars=a.prefill_claim_min_chars,
             prefill_policy=a.prefill_policy,
             decode_policy=a.decode_policy,
         ),

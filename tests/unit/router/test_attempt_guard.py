@@ -329,7 +329,8 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
     once every peer answered and none leads the same prefix on the same worker (led); it yields when one answers
     that it does, or when a peer with a lower id tells of such a lead meanwhile (two claims crossed), and goes when
     that prefill ends; without every answer it goes after the bound (unanswered).  A lead of the replica whose id is
-    the lowest heard does not claim, nor one of a replica without peers in sync."""
+    the lowest heard does not claim, nor one of a replica without peers in sync, nor one whose worker is to prefill
+    fewer chars than ``claim_min_chars``."""
     from smg_router.attempt import Holds
     from smg_router.policies.base import NO_PEERS
 
@@ -340,8 +341,8 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
     holds.heard("a")
     holds.heard("z")
 
-    def guard() -> AttemptGuard:
-        return AttemptGuard(worker, registry=registry, metrics=metrics)
+    def guard(prefill: int = 1024) -> AttemptGuard:
+        return AttemptGuard(worker, registry=registry, metrics=metrics, prefill_chars=prefill)
 
     async def waits(g: AttemptGuard) -> asyncio.Future[None]:
         going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
@@ -399,3 +400,7 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
         g = guard()
         h.arrange(g, "doc E", cold=True, streamed=True)
         assert g.behind is None and h.leading() == 1  # it leads at once
+    short_prompt = guard(prefill=1023)
+    holds.arrange(short_prompt, "doc G", cold=True, streamed=True)
+    assert short_prompt.behind is None and (url, "doc G") not in peers.claims  # told, not claimed
+    assert peers.prefills[-1] == (url, "doc G", False)

@@ -14,17 +14,21 @@ def _sync() -> tuple[PeerSync, _Peer]:
     return sync, peer
 
 
-def test_a_prefill_that_ends_before_its_start_went_out_is_not_told_at_all() -> None:
+def test_a_prefill_that_ends_before_its_start_went_out_is_told_by_its_end_alone() -> None:
+    """The end goes instead of the start: a peer whose claim this router answered with that lead knows of it (and
+    waits for its end) without the start."""
     sync, peer = _sync()
     sync.tell_prefill(W, "doc A", done=False)
     sync.tell_prefill(W, "doc B", done=False)
-    sync.tell_prefill(W, "doc A", done=True)  # before the batch: doc A's start is taken back, its end not queued
-    assert list(peer.prefills.items()) == [((W, "doc B"), False)]
+    sync.tell_prefill(W, "doc A", done=True)  # before the batch: doc A's end replaces its start
+    assert list(peer.prefills.items()) == [((W, "doc A"), True), ((W, "doc B"), False)]
+    peer.prefills.clear()
     peer.prefills.clear()  # the batch went out with doc B's start
     sync.tell_prefill(W, "doc B", done=True)
     assert list(peer.prefills.items()) == [((W, "doc B"), True)]  # its start was told: so is its end
     sync.tell_prefill(W, "doc B", done=False)  # a new lead before that end went out: the peer's lead goes on
     assert not peer.prefills
+    assert not peer.hurry.is_set()  # told starts wait for the batch delay like routes; only a claim hurries
 
 
 def test_a_peer_that_is_this_router_is_told_nothing_and_a_prefix_too_long_for_a_batch_is_not_told() -> None:
