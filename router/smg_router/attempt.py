@@ -29,6 +29,13 @@ peer answers that it leads the same prefix on the same worker, or if a peer with
 lead meanwhile (two claims that cross: the lower id leads, the other yields; ``smg_prefill_claims_total``).  The
 replica whose id is the lowest of the peers heard lately never yields, so its leads do not wait.
 
+An engine that keeps one prompt's KV per slot (llama.cpp: ``LoadView.slots``) gives a request whose prompt's slot is
+busy another slot, which prefills the whole prompt again and evicts the prompt that slot held.  So on such an engine
+the requests with the same leading chars take turns (``_Slot``), streamed or not: one runs, the others wait, at most
+``--prefill-hold-seconds``, until it ends, then the first of them goes and finds its prompt in its slot.  With peers
+the turns are told as leads (their ends when they end), and a replica's requests wait behind a peer's as behind a
+prefill.
+
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
 fault: it is retried elsewhere but leaves the breaker alone.  A client that goes away is no outcome.
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from enum import Enum
 from types import TracebackType
@@ -46,6 +54,7 @@ from smg_router.errors import NoWorkerAvailable
 from smg_router.metrics import Metrics
 from smg_router.policies.base import NO_PEERS, Peers, Policy, RouteRequest
 from smg_router.policies.registry import PolicyRegistry
+from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -79,6 +88,7 @@ class AttemptGuard:
         "_started",
         "_trial",
         "behind",
+        "on_closed",
         "on_started",
         "worker",
     )
@@ -92,6 +102,8 @@ class AttemptGuard:
         self._started = False
         self.on_started: Callable[[], None] | None = None
         """Set when this attempt leads a burst (``Holds``): releases the requests waiting for its prefill."""
+        self.on_closed: Callable[[], None] | None = None
+        """Set when this attempt has its turn on a slot engine (``Holds``): gives the turn to the next."""
         self.behind: asyncio.Future[None] | None = None
         """The prefill this attempt waits for before it is sent (``Holds``), or None."""
         self._held_under: str | None = None
@@ -140,6 +152,11 @@ class AttemptGuard:
         held = self.worker.held
         held[prefix] = held.get(prefix, 0) + 1
 
+    @property
+    def held_under(self) -> str | None:
+        """The leading chars of the prefill or turn this attempt waits for, while it waits."""
+        return self._held_under
+
     def unhold(self) -> None:
         """No longer waiting (sent, or never: the attempt ended)."""
         self.behind = None
@@ -169,6 +186,8 @@ class AttemptGuard:
         self.worker.inflight -= 1
         self.unhold()
         self.started()
+        if self.on_closed is not None:
+            self.on_closed()
         self._publish()
         if self._outcome is Outcome.SUCCESS:
             self.worker.breaker.record_success()
@@ -207,6 +226,17 @@ class _Told:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class _Slot:
+    """The requests with the same leading chars on one slot engine: how many run (one, but for a wait past its
+    bound), the turns of those waiting, in order."""
+
+    __slots__ = ("running", "turns")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.turns: deque[asyncio.Future[None]] = deque()
+
+
 class Holds:
     """The bursts in prefill: per worker, the leading chars of each streamed request that brings them to the worker
     and has not started its answer yet (module docstring)."""
@@ -219,6 +249,7 @@ class Holds:
         peers: Peers = NO_PEERS,
         claim_seconds: float = 0.0,
         claim_min_chars: int = 1024,
+        loads: LoadView | None = None,
     ) -> None:
         self.seconds = seconds
         """The longest a request waits for the prefill it is behind; 0: nobody waits."""
@@ -229,6 +260,12 @@ class Holds:
         costs the engine less than a claim's round trip costs the routers."""
         self._metrics = metrics
         self._peers = peers
+        self._loads = loads
+        """Which workers are slot engines (``LoadView.slots``); None: none is."""
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        """(worker id, leading chars) -> the turns there, on a slot engine."""
+        self._turns: dict[asyncio.Future[None], _Slot] = {}
+        """A turn waited for -> its slot (``wait``)."""
         self._leading: dict[str, dict[str, asyncio.Future[None]]] = {}
         """worker id -> leading chars -> released when the request that brought them there starts its answer."""
         self._told: dict[asyncio.Future[None], _Told] = {}
@@ -249,6 +286,8 @@ class Holds:
         leading = self._leading.get(worker.id)
         if leading is not None and (ahead := leading.get(prefix)) is not None:
             guard.hold(ahead, prefix)
+        elif self._loads is not None and self._loads.slots(worker.id) is not None:
+            self._take_turn(guard, prefix)
         elif cold and streamed:
             worker_id, url = worker.id, worker.url
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -269,6 +308,46 @@ class Holds:
             guard.hold(gate, prefix)
             loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
             self._peers.claim(url, prefix, lambda leaders: self._answered(key, gate, leaders))
+
+    def _take_turn(self, guard: AttemptGuard, prefix: str) -> None:
+        """On a slot engine: run at once when no request with these leading chars runs or waits there, else wait
+        for a turn."""
+        key = (guard.worker.id, prefix)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot()
+        if slot.running == 0 and not slot.turns:
+            self._run(guard, prefix, slot)
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        slot.turns.append(turn)
+        self._turns[turn] = slot
+        guard.hold(turn, prefix)
+
+    def _run(self, guard: AttemptGuard, prefix: str, slot: _Slot, *, counted: bool = False) -> None:
+        """``guard`` runs on its slot engine until it closes (``counted``: its turn came, and counted it)."""
+        worker_id, url = guard.worker.id, guard.worker.url
+        if not counted:
+            if slot.running == 0:
+                self._peers.tell_prefill(url, prefix, done=False)
+            slot.running += 1
+        guard.on_closed = lambda: self._next_turn(worker_id, url, prefix, slot)
+
+    def _next_turn(self, worker_id: str, url: str, prefix: str, slot: _Slot) -> None:
+        """A request that ran on a slot engine closed (or left as its turn came): the first one still waiting has
+        its turn, counted running from now."""
+        slot.running -= 1
+        while slot.turns:
+            turn = slot.turns.popleft()
+            self._turns.pop(turn, None)
+            if not turn.done():
+                slot.running += 1
+                turn.set_result(None)
+                return
+        if slot.running == 0:
+            self._peers.tell_prefill(url, prefix, done=True)
+            if self._slots.get((worker_id, prefix)) is slot:
+                del self._slots[worker_id, prefix]
 
     def _lowest(self) -> bool:
         """Whether this router's id is below every id heard lately: a lead of its own never yields."""
@@ -379,13 +458,30 @@ class Holds:
         ahead = guard.behind
         if ahead is None:
             return
+        prefix = guard.held_under or ""
+        slot = self._turns.get(ahead)  # None: behind a prefill, not waiting for a turn
+        worker = guard.worker
         try:
             if not ahead.done():
                 await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
+        except asyncio.CancelledError:  # the client left
+            if slot is not None:
+                if ahead.done():  # as its turn came: the next one's
+                    self._next_turn(worker.id, worker.url, prefix, slot)
+                else:
+                    ahead.cancel()  # no turn for it any more
+                    self._turns.pop(ahead, None)
+            raise
         finally:
             guard.unhold()
+        released = ahead.done()
+        if slot is not None:
+            if not released:  # the bound passed: it runs beside the one it waited for
+                ahead.cancel()
+                self._turns.pop(ahead, None)
+            self._run(guard, prefix, slot, counted=released)
         if guard.on_started is None:  # a lead's claim is counted in prefill_claims
-            self._metrics.prefill_holds.labels(model, role, "released" if ahead.done() else "timed_out").inc()
+            self._metrics.prefill_holds.labels(model, role, "released" if released else "timed_out").inc()
 
     def leads(self, worker_url: str, prefix: str) -> bool:
         """Whether a request of this router leads the first prefill of ``prefix`` on the worker (claiming or sent),

@@ -90,6 +90,7 @@ class RouterCore:
                 peers=told,  # ... the peers are told of it, so theirs wait too
                 claim_seconds=settings.policy.prefill_claim_seconds,  # ... led by one replica, not one each
                 claim_min_chars=settings.policy.prefill_claim_min_chars,
+                loads=self.loads,  # ... and takes turns on a slot engine
             ),
         )
         self._tasks: list[asyncio.Task[None]] = []

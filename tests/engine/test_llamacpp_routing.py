@@ -12,16 +12,19 @@ from __future__ import annotations
 import json
 import random
 import string
+import threading
 import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 from smg_router.policies.placement import placement_key, rendezvous_score
 from smg_router.settings import PolicySettings
 from support.llamacpp import MODEL_ID, LlamaServer
-from support.procs import Router, http_json, metric_value, wait_until
+from support.procs import Router, http_json, metric_value, start_router, wait_until
 
 PREFIX_CHARS = 1500
 TIMEOUT = 120.0  # one request on a loaded 2-core machine; normally well under a second
@@ -219,3 +222,47 @@ def test_the_router_reads_each_engines_kv_capacity_from_its_props(router: Router
         return got if all(got.values()) else None
 
     assert wait_until(capacities, timeout=30, interval=0.1, what="both capacities") == {e.url: 8192 for e in engines}
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_requests_on_one_prompt_take_turns_for_its_slot(logs: Path, engines: list[LlamaServer], turns: bool) -> None:
+    """One engine whose two slots hold prompts A and B.  Two requests on A at once: llama.cpp gives the second the
+    other idle slot, which prefills A again there and evicts B.  With turns (``attempt.Holds`` on a slot engine)
+    the second waits for the first to end and finds A in its slot, and B stays cached; without (the premise,
+    ``--prefill-hold-seconds 0``) it does not."""
+    engine = engines[0]
+    off = [] if turns else ["--prefill-hold-seconds", "0"]
+    router = start_router(logs, workers=[engine.url], args=["--policy", "cache_aware", *off])
+    try:
+        router.wait_routable(1, timeout=30)
+        wait_until(
+            lambda: metric_value(router.metrics(), "smg_worker_kv_capacity_tokens", worker=engine.url),
+            timeout=30,
+            interval=0.1,
+            what="the engine's slots read from /props",
+        )
+        rng = random.Random("turns")
+        a, b = random_text(PREFIX_CHARS, rng), random_text(PREFIX_CHARS, rng)
+        complete(router.url, f"{a} Question 0?")
+        complete(router.url, f"{b} Question 0?")  # the slots now hold A and B
+        answers: list[Completion] = []
+        go = threading.Barrier(2)
+
+        def ask(i: int) -> None:
+            go.wait()
+            answers.append(complete(router.url, f"{a} Question {i}?", max_tokens=48))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        again = complete(router.url, f"{b} Question 1?")
+        found = sorted(x.cached for x in answers)
+        if turns:
+            assert found[0] >= PREFIX_CHARS, found  # both found A in its slot
+            assert again.cached >= PREFIX_CHARS, again.body["usage"]  # and B stayed in its own
+        else:
+            assert found[0] < PREFIX_CHARS or again.cached < PREFIX_CHARS, (found, again.cached)
+    finally:
+        router.stop()

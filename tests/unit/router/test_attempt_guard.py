@@ -404,3 +404,63 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
     holds.arrange(short_prompt, "doc G", cold=True, streamed=True)
     assert short_prompt.behind is None and (url, "doc G") not in peers.claims  # told, not claimed
     assert peers.prefills[-1] == (url, "doc G", False)
+
+
+async def test_requests_on_the_same_prompt_take_turns_on_a_slot_engine() -> None:
+    """On an engine that keeps one prompt per slot, a second request with the same leading chars would take another
+    slot and prefill the prompt again there: requests with the same leading chars take turns, streamed or not, in
+    order, each until the one before it closes (not only until its first chunk); one whose client leaves gives its
+    turn on; one that waits past the bound runs beside; the turns are told to the peers as one lead.  Another
+    prefix, or an engine that is not a slot engine, does not wait."""
+    from smg_router.attempt import Holds
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    other = make_worker(3)
+    registry.add(other)
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    peers = _Told()
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, loads=loads)
+
+    def guard(on=worker):  # type: ignore[no-untyped-def]
+        return AttemptGuard(on, registry=registry, metrics=metrics)
+
+    first, second, third, gone = guard(), guard(), guard(), guard()
+    holds.arrange(first, "doc A", cold=True, streamed=False)
+    for g in (second, gone, third):
+        holds.arrange(g, "doc A", cold=False, streamed=True)
+    elsewhere, unrelated = guard(other), guard()
+    holds.arrange(elsewhere, "doc A", cold=False, streamed=True)
+    holds.arrange(unrelated, "doc B", cold=False, streamed=True)
+    assert first.behind is None and elsewhere.behind is None and unrelated.behind is None
+    assert all(g.behind is not None for g in (second, gone, third))
+    assert peers.prefills == [(worker.url, "doc A", False), (worker.url, "doc B", False)]
+    waits = [asyncio.ensure_future(holds.wait(g, "m", "regular")) for g in (second, gone, third)]
+    await asyncio.sleep(0.02)
+    first.started()  # its first chunk: the slot is still busy until it ends
+    await asyncio.sleep(0.02)
+    assert not any(w.done() for w in waits)
+    waits[1].cancel()  # a client that leaves while it waits
+    await asyncio.gather(waits[1], return_exceptions=True)
+    first.close()
+    await asyncio.wait_for(waits[0], 1)  # the second one's turn
+    await asyncio.sleep(0.02)
+    assert not waits[2].done()  # the third waits for the second, not for the one that left
+    second.close()
+    await asyncio.wait_for(waits[2], 1)
+    assert _sample(metrics, "released") == 2
+    third.close()
+    unrelated.close()
+    assert peers.prefills[-2:] == [(worker.url, "doc A", True), (worker.url, "doc B", True)]  # every turn ended
+    assert not holds._slots and not holds._turns
+
+    short = Holds(seconds=0.05, metrics=metrics, loads=loads)
+    a, b = guard(), guard()
+    short.arrange(a, "doc C", cold=True, streamed=True)
+    short.arrange(b, "doc C", cold=False, streamed=True)
+    await short.wait(b, "m", "regular")  # a never ends: the bound lets b go, beside it
+    assert _sample(metrics, "timed_out") == 1
+    a.close()
+    b.close()
+    assert not short._slots
