@@ -266,3 +266,27 @@ def test_requests_on_one_prompt_take_turns_for_its_slot(logs: Path, engines: lis
             assert found[0] < PREFIX_CHARS or again.cached < PREFIX_CHARS, (found, again.cached)
     finally:
         router.stop()
+
+
+def test_a_slot_engines_slots_are_read_at_the_routers_first_load_round(logs: Path, engines: list[LlamaServer]) -> None:
+    """The first load round starts at once, while the static workers are still pending their first health check:
+    their ``/props`` is asked then (a slot engine's first requests need its slots), not a round later (a minute
+    here)."""
+    router = start_router(
+        logs, workers=[e.url for e in engines], args=["--load-monitor-interval", "60", "--health-check-interval", "60"]
+    )
+    try:
+        router.wait_routable(len(engines), timeout=30)
+        text = wait_until(
+            lambda: (
+                (t := router.metrics())
+                and all(metric_value(t, "smg_worker_kv_capacity_tokens", worker=e.url) for e in engines)
+                and t
+            ),
+            timeout=20,
+            interval=0.1,
+            what="both engines' slots, from the first round",
+        )
+        assert all(metric_value(text, "smg_worker_kv_capacity_tokens", worker=e.url) == 8192 for e in engines)
+    finally:
+        router.stop()

@@ -3,7 +3,8 @@
 Asks ``GET /v1/loads`` (SGLang) first and falls back to Prometheus ``GET /metrics`` (SGLang, vLLM and
 llama.cpp gauges), remembering per worker which one answered.  The engine's KV capacity (the tree's cap per
 worker) comes with those figures where the engine reports it (SGLang, vLLM); a llama.cpp server's (a slot's
-context times the slots) is asked from ``/props`` beside the polls, until each worker has answered once.
+context times the slots) is asked from ``/props`` beside the polls, until each worker has answered once, from
+its registration on (before its first health check: a slot engine's first requests already take turns by it).
 Runs whenever any policy instance reads load (cache_aware included: the Rust gateway never polled for a
 cache_aware-only deployment).
 
@@ -255,9 +256,9 @@ class LoadMonitor:
         for table in (self._source, self._failing):
             for stale in set(table) - polled:
                 del table[stale]
-        self._props_read &= polled
-        for w in workers:
-            if w.id not in self._props_read:
+        self._props_read &= {w.id for w in self._registry}
+        for w in self._registry:  # not yet probed too: a slot engine's first requests already need its slots
+            if w.id not in self._props_read and w.status is not WorkerStatus.FAILED:
                 _ = self._props.start(w.id, functools.partial(self._read_props, w))
         return [self._polls.start(w.id, functools.partial(self._poll_task, w)) for w in workers]
 
