@@ -34,7 +34,7 @@ busy another slot, which prefills the whole prompt again and evicts the prompt t
 the requests with the same leading chars take turns (``_Slot``), streamed or not: one runs, the others wait, at most
 ``--prefill-hold-seconds``, until it ends, then the first of them goes and finds its prompt in its slot.  With peers
 the turns are told as leads (their ends when they end), and a replica's requests wait behind a peer's as behind a
-prefill.
+prefill, then take their turns among themselves.
 
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
@@ -482,6 +482,10 @@ class Holds:
             self._run(guard, prefix, slot, counted=released)
         if guard.on_started is None:  # a lead's claim is counted in prefill_claims
             self._metrics.prefill_holds.labels(model, role, "released" if released else "timed_out").inc()
+        if slot is None and prefix and self._loads is not None and self._loads.slots(worker.id) is not None:
+            self._take_turn(guard, prefix)  # a peer's turn ended: this replica's requests on it still take turns
+            if guard.behind is not None:
+                await self.wait(guard, model, role)
 
     def leads(self, worker_url: str, prefix: str) -> bool:
         """Whether a request of this router leads the first prefill of ``prefix`` on the worker (claiming or sent),

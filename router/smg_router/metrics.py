@@ -332,8 +332,9 @@ class Metrics:
         self.prefill_holds = CounterFamily(
             "smg_prefill_holds",
             "Requests held back until the first request of a burst on the same new prefix, sent to the same worker, "
-            "had its prefill done (--prefill-hold-seconds), by outcome: released (it started its answer or ended), "
-            "timed_out (sent after the hold's bound)",
+            "had its prefill done, or on a slot engine until the request on the same prompt before it ended "
+            "(--prefill-hold-seconds), by outcome: released (it started its answer or ended), timed_out (sent "
+            "after the hold's bound)",
             ("model", "role", "outcome"),
             registry=r,
         )

@@ -39,7 +39,8 @@ routable workers:
    tell it every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
    ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N replicas
    about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with it: first
-   the workers with the least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes the prompt at
+   (but for the slot engines without a free slot: a prompt there evicts a whole one, session 17) the workers with the
+   least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes the prompt at
    once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the least loaded (a
    new group or a unique prompt goes where it waits least; the group's next requests follow it as hits; before the
    prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). A replica in sync with its peers
@@ -341,9 +342,15 @@ class CacheAwarePolicy(Policy):
         # one criterion after the other, each asked only of the workers the ones before left tied (under load the
         # prefill order alone decides, and the room checks are not made)
         waits = lambda i: prefill_wait(workers[i])  # noqa: E731
-        full = lambda i: not self._has_room(tree, workers[i], size, key)  # noqa: E731
-        if alone:
-            criteria: tuple[Callable[[int], Any], ...] = (waits, full)
+
+        def full(i: int) -> bool:
+            return not self._has_room(tree, workers[i], size, key)
+
+        def slots_full(i: int) -> bool:
+            return self.ctx.loads.slots(workers[i].id) is not None and full(i)
+
+        if alone:  # a slot engine without a free slot would evict a whole prompt: room first there
+            criteria: tuple[Callable[[int], Any], ...] = (slots_full, waits, full)
         else:  # in sync: it knows what the fleet holds from every replica's routes, the prefills only from its own
             criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), waits)
         for criterion in criteria:

@@ -410,8 +410,9 @@ async def test_requests_on_the_same_prompt_take_turns_on_a_slot_engine() -> None
     """On an engine that keeps one prompt per slot, a second request with the same leading chars would take another
     slot and prefill the prompt again there: requests with the same leading chars take turns, streamed or not, in
     order, each until the one before it closes (not only until its first chunk); one whose client leaves gives its
-    turn on; one that waits past the bound runs beside; the turns are told to the peers as one lead.  Another
-    prefix, or an engine that is not a slot engine, does not wait."""
+    turn on; one that waits past the bound runs beside; the turns are told to the peers as one lead, and requests
+    held behind a peer's turns take turns among themselves once it ends.  Another prefix, or an engine that is not a
+    slot engine, does not wait."""
     from smg_router.attempt import Holds
     from smg_router.workers.load import LoadView
 
@@ -454,6 +455,21 @@ async def test_requests_on_the_same_prompt_take_turns_on_a_slot_engine() -> None
     unrelated.close()
     assert peers.prefills[-2:] == [(worker.url, "doc A", True), (worker.url, "doc B", True)]  # every turn ended
     assert not holds._slots and not holds._turns
+
+    assert holds.observe(worker.url, "doc D", done=False, peer="z")  # a peer's turn on doc D runs there
+    p, q = guard(), guard()
+    for g in (p, q):
+        holds.arrange(g, "doc D", cold=False, streamed=True)
+    waits = [asyncio.ensure_future(holds.wait(g, "m", "regular")) for g in (p, q)]
+    await asyncio.sleep(0.02)
+    assert holds.observe(worker.url, "doc D", done=True, peer="z")  # the peer's turns ended
+    await asyncio.wait_for(waits[0], 1)  # then this replica's take turns: one runs
+    await asyncio.sleep(0.02)
+    assert not waits[1].done()
+    p.close()
+    await asyncio.wait_for(waits[1], 1)
+    q.close()
+    assert not holds._slots
 
     short = Holds(seconds=0.05, metrics=metrics, loads=loads)
     a, b = guard(), guard()

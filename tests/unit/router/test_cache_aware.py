@@ -692,6 +692,32 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
     assert workers[0].url not in p._held
 
 
+def test_a_router_alone_puts_no_new_prompt_on_a_slot_engine_without_a_free_slot_however_idle() -> None:
+    """Alone, a miss goes where its prefill waits least: but on a slot engine whose slots all hold other prompts it
+    would evict a whole one (a third group on a two-slot llama.cpp thrashed for the rest of the run), so a slot
+    engine with a free slot takes it first, even while it prefills; a worker that is no slot engine keeps the old
+    order (the prefills, then room)."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(i) for i in (2, 3)]
+    p = env.factory.create("cache_aware", role="regular")
+    p.sync(workers)
+    for w in workers:
+        env.loads.record_kv(w.id, 8192, slots=2)
+
+    def group(i: int) -> str:
+        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
+
+    ranks = {i: rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 2) for i in range(400)}
+    first = [i for i, r in ranks.items() if r[0] == 0]
+    for i in first[:2]:
+        assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]  # its two slots taken
+    assert p.select(workers, RouteRequest("m", group(first[2])), NOW) is workers[1]  # full: the other one
+    workers[1].prefilling, workers[1].prefill_chars = 1, 5000  # the other one prefills; the full one is idle
+    assert p.select(workers, RouteRequest("m", group(first[3])), NOW) is workers[1]  # still: the free slot
+
+
 def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has() -> None:
     """llama.cpp's /props is read beside the polls, so the first groups may go out before the router knows the
     engine keeps two prompts: those sent then still take a slot (the benchmark's 0.926 -> 0.81 when they did not:
