@@ -328,8 +328,8 @@ class Holds:
         """``guard`` runs on its slot engine until it closes (``counted``: its turn came, and counted it)."""
         worker_id, url = guard.worker.id, guard.worker.url
         if not counted:
-            if slot.running == 0:
-                self._peers.tell_prefill(url, prefix, done=False)
+            if slot.running == 0:  # at once: a peer's request on the same prompt would take another slot meanwhile
+                self._peers.tell_prefill(url, prefix, done=False, hurry=True)
             slot.running += 1
         guard.on_closed = lambda: self._next_turn(worker_id, url, prefix, slot)
 

@@ -145,12 +145,12 @@ class PeerSync:
             peer.pending.append(record)
             peer.wake.set()
 
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
         """Queue a first prefill's start (``done`` False) or end for every peer; it goes with the next batch (a
         prefix longer than a batch may carry is not told: cut, it would name another).  An end whose start has not
         gone out yet goes instead of it (the peer may know of the lead all the same: this router's answer to its
         claim named it, ``admin.peer_routes``).  A start whose last end has not gone out takes that end back: the
-        peer's lead then goes on until this one's end."""
+        peer's lead then goes on until this one's end.  ``hurry``: the batch goes without the batch delay."""
         if len(prefix) > self._batch_chars:
             return
         key = (worker_url, prefix)
@@ -170,6 +170,8 @@ class PeerSync:
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
             pending[key] = done
             peer.wake.set()
+            if hurry:
+                peer.hurry.set()
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
         """Tell a first prefill's start (``tell_prefill``); ``answered`` is called once every peer answered the
@@ -183,9 +185,7 @@ class PeerSync:
         if (stale := self._claims.pop(key, None)) is not None:
             stale.answered(stale.leaders)
         self._claims[key] = _Claim(peers, answered)
-        self.tell_prefill(worker_url, prefix, done=False)
-        for peer in self._peers.values():
-            peer.hurry.set()
+        self.tell_prefill(worker_url, prefix, done=False, hurry=True)
 
     def _answered(self, peer_url: str, key: tuple[str, str], leader: str | None) -> None:
         """A peer answered the start of ``key`` (``leader``: its id, when it leads the same itself)."""

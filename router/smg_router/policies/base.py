@@ -62,9 +62,10 @@ class Peers(Protocol):
         """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
         ...
 
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
         """A request of this router brought ``prefix`` (its leading chars) to the worker and leads its first prefill
-        there (``done`` False), or that prefill ended (``done`` True): tell every peer (``attempt.Holds``)."""
+        there (``done`` False), or that prefill ended (``done`` True): tell every peer (``attempt.Holds``; ``hurry``:
+        without the batch delay)."""
         ...
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
@@ -87,7 +88,7 @@ class NoPeers:
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         pass
 
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
         pass
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:

@@ -225,7 +225,7 @@ class _Told:
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
         raise AssertionError("Holds tells no routes")
 
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool) -> None:
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
         self.prefills.append((worker_url, prefix, done))
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
