@@ -399,9 +399,8 @@ class Holds:
         if done:  # whichever peer's it is, the worker holds the prefix now
             if (gate := self._yielded.get(key)) is not None:
                 self._release(worker_id, prefix, gate)
-            elif (gate := self._claims.pop(key, None)) is not None and not gate.done():
-                gate.set_result(None)  # ended before this claim was answered: nothing left to yield to
-                self._metrics.prefill_claims.labels("yielded").inc()
+            elif (gate := self._claims.get(key)) is not None:  # ended before this claim was answered: it goes
+                self._claimed(key, gate, "yielded")
             if ahead is None or ahead not in self._told:
                 return gate is not None
             self._release(worker_id, prefix, ahead)

@@ -258,7 +258,7 @@ class LoadMonitor:
                 del table[stale]
         self._props_read &= {w.id for w in self._registry}
         for w in self._registry:  # not yet probed too: a slot engine's first requests already need its slots
-            if w.id not in self._props_read and w.status is not WorkerStatus.FAILED:
+            if w.id not in self._props_read:
                 _ = self._props.start(w.id, functools.partial(self._read_props, w))
         return [self._polls.start(w.id, functools.partial(self._poll_task, w)) for w in workers]
 
