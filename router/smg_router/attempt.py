@@ -293,31 +293,42 @@ class Holds:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._leading.setdefault(worker_id, {})[prefix] = done
             guard.on_started = lambda: self._release(worker_id, prefix, done, url)
-            if not (
-                self.claim_seconds > 0
-                and guard.prefill_chars >= self.claim_min_chars
-                and self._peers.in_sync()
-                and not self._lowest()
-            ):
+            if self._claiming() and guard.prefill_chars >= self.claim_min_chars and not self._lowest():
+                self._claim(guard, prefix)
+            else:
                 self._peers.tell_prefill(url, prefix, done=False)
-                return
-            loop = asyncio.get_running_loop()
-            key = (worker_id, prefix)
-            gate: asyncio.Future[None] = loop.create_future()
-            self._claims[key] = gate
-            guard.hold(gate, prefix)
-            loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
-            self._peers.claim(url, prefix, lambda leaders: self._answered(key, gate, leaders))
+
+    def _claiming(self) -> bool:
+        """Whether this router's leads and first turns wait for its peers' answers (it is in sync with them)."""
+        return self.claim_seconds > 0 and self._peers.in_sync()
+
+    def _claim(self, guard: AttemptGuard, prefix: str) -> None:
+        """Hold ``guard`` (a lead or a first turn) until every peer answered its start, at most ``claim_seconds``:
+        it yields if one of them leads the same (``_answered``, ``observe``)."""
+        loop = asyncio.get_running_loop()
+        key = (guard.worker.id, prefix)
+        gate: asyncio.Future[None] = loop.create_future()
+        self._claims[key] = gate
+        guard.hold(gate, prefix)
+        loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
+        self._peers.claim(guard.worker.url, prefix, lambda leaders: self._answered(key, gate, leaders))
 
     def _take_turn(self, guard: AttemptGuard, prefix: str) -> None:
         """On a slot engine: run at once when no request with these leading chars runs or waits there, else wait
-        for a turn."""
+        for a turn.  A first turn of a router in sync with its peers claims it first: a peer's request on the same
+        prompt within a round trip would take another slot (the claim's tie between two routers goes to the lower
+        id, and the lowest claims too: a turn that a peer runs already is never run beside it)."""
         key = (guard.worker.id, prefix)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot()
         if slot.running == 0 and not slot.turns:
-            self._run(guard, prefix, slot)
+            if self._claiming():
+                slot.running += 1  # the claim has the turn: this router's others on the prompt wait behind it
+                self._run(guard, prefix, slot, counted=True)
+                self._claim(guard, prefix)
+            else:
+                self._run(guard, prefix, slot)
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         slot.turns.append(turn)
@@ -378,6 +389,14 @@ class Holds:
         self._metrics.prefill_claims.labels("yielded").inc()
         self._tell(gate, *key, peer)
 
+    def _drop_claim(self, key: tuple[str, str], gate: asyncio.Future[None]) -> None:
+        """A claim whose request stopped waiting for it (its client left, or it yielded past the hold's bound): it
+        stands no more, so a later one on the same is answered and claimed afresh."""
+        if self._claims.get(key) is gate:
+            del self._claims[key]
+        if self._yielded.get(key) is gate:
+            self._release(*key, gate)
+
     def heard(self, peer: str) -> None:
         """A batch came from the peer router ``peer`` (its id): its leads stand (``observe``)."""
         now = self._heard[peer] = asyncio.get_running_loop().time()
@@ -405,11 +424,13 @@ class Holds:
                 return gate is not None
             self._release(worker_id, prefix, ahead)
             return True
-        if ahead is not None:
-            if (gate := self._claims.get(key)) is None or not peer < self._peers.id:
-                return False
+        if (gate := self._claims.get(key)) is not None:
+            if not peer < self._peers.id:
+                return False  # the peer yields to this claim
             self._yield(key, gate, peer)  # two claims crossed: the lower id leads
             return True
+        if ahead is not None:
+            return False
         lead: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._leading.setdefault(worker_id, {})[prefix] = lead
         self._tell(lead, worker_id, prefix, peer)
@@ -458,7 +479,9 @@ class Holds:
         if ahead is None:
             return
         prefix = guard.held_under or ""
-        slot = self._turns.get(ahead)  # None: behind a prefill, not waiting for a turn
+        slot = self._turns.get(ahead)  # None: behind a prefill or in its claim, not waiting for a turn
+        claim = guard.on_started is not None or (slot is None and guard.on_closed is not None)
+        """A lead's or a first turn's claim (counted in prefill_claims, not in prefill_holds)."""
         worker = guard.worker
         try:
             if not ahead.done():
@@ -470,6 +493,8 @@ class Holds:
                 else:
                     ahead.cancel()  # no turn for it any more
                     self._turns.pop(ahead, None)
+            elif claim:
+                self._drop_claim((worker.id, prefix), ahead)
             raise
         finally:
             guard.unhold()
@@ -479,19 +504,32 @@ class Holds:
                 ahead.cancel()
                 self._turns.pop(ahead, None)
             self._run(guard, prefix, slot, counted=released)
-        if guard.on_started is None:  # a lead's claim is counted in prefill_claims
+        if not claim:
             self._metrics.prefill_holds.labels(model, role, "released" if released else "timed_out").inc()
-        if slot is None and prefix and self._loads is not None and self._loads.slots(worker.id) is not None:
+        elif not released:
+            self._drop_claim((worker.id, prefix), ahead)
+        if (
+            slot is None
+            and not claim
+            and prefix
+            and self._loads is not None
+            and self._loads.slots(worker.id) is not None
+        ):
             self._take_turn(guard, prefix)  # a peer's turn ended: this replica's requests on it still take turns
             if guard.behind is not None:
                 await self.wait(guard, model, role)
 
     def leads(self, worker_url: str, prefix: str) -> bool:
-        """Whether a request of this router leads the first prefill of ``prefix`` on the worker (claiming or sent),
-        not yielded: what a peer's claim on the same is answered (``admin.peer_routes``)."""
+        """Whether a request of this router leads the first prefill of ``prefix`` on the worker, or has the turn of its
+        prompt there on a slot engine (claiming or sent), not yielded: what a peer's claim on the same is answered
+        (``admin.peer_routes``)."""
         worker_id = worker_id_for(worker_url)
+        key = (worker_id, prefix)
+        if key in self._yielded:
+            return False
         ahead = self._leading.get(worker_id, {}).get(prefix)
-        return ahead is not None and ahead not in self._told and (worker_id, prefix) not in self._yielded
+        slot = self._slots.get(key)
+        return (ahead is not None and ahead not in self._told) or (slot is not None and slot.running > 0)
 
     def leading(self) -> int:
         """How many bursts are in their first prefill (for tests)."""

@@ -480,3 +480,100 @@ async def test_requests_on_the_same_prompt_take_turns_on_a_slot_engine() -> None
     a.close()
     b.close()
     assert not short._slots
+
+
+class _Link:
+    """The peers of one ``Holds`` as another ``Holds`` sees them, a one-way delay apart: its starts and ends reach
+    the other's ``observe``, and a claim is answered with whether the other leads the same (``admin.peer_routes``)."""
+
+    def __init__(self, id: str, delay: float = 0.01) -> None:
+        self.id = id
+        self.delay = delay
+        self.other: object = None
+        self.prefills: list[tuple[str, str, bool]] = []
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        raise AssertionError("Holds tells no routes")
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
+        self.prefills.append((worker_url, prefix, done))
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.delay, self._arrive, worker_url, prefix, done)
+
+    def _arrive(self, worker_url: str, prefix: str, done: bool) -> bool:
+        other = self.other
+        assert other is not None
+        other.heard(self.id)  # type: ignore[attr-defined]
+        other.observe(worker_url, prefix, done=done, peer=self.id)  # type: ignore[attr-defined]
+        return bool(other.leads(worker_url, prefix))  # type: ignore[attr-defined]
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        self.prefills.append((worker_url, prefix, False))
+        loop = asyncio.get_running_loop()
+
+        def arrive() -> None:
+            leads = self._arrive(worker_url, prefix, False)
+            other_id = self.other._peers.id  # type: ignore[attr-defined]
+            loop.call_later(self.delay, answered, [other_id] if leads else [])
+
+        loop.call_later(self.delay, arrive)
+
+    def in_sync(self) -> bool:
+        return True
+
+
+async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them() -> None:
+    """Two replicas whose requests on one prompt of a slot engine come within their round trip: each would run its
+    own beside the other's (the engine gives the second another slot, prefills the prompt again and evicts what that
+    slot held).  A first turn claims: the two that cross run one after the other (the lower id first, the other
+    yields); a replica told of a peer's turn on the prompt waits for it; one that claims while the peer runs one (it
+    answers so) yields to it; a claim whose client leaves stands no more."""
+    from smg_router.attempt import Holds
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    url = worker.url
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    links = _Link("a"), _Link("b")
+    a, b = (Holds(seconds=5.0, metrics=metrics, peers=link, claim_seconds=1.0, loads=loads) for link in links)
+    links[0].other, links[1].other = b, a
+    for h in (a, b):
+        h.heard("a")
+        h.heard("b")
+    running: set[str] = set()
+    order: list[str] = []
+
+    async def request(holds: Holds, name: str, prefix: str = "doc A", hold: float = 0.1) -> None:
+        with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+            holds.arrange(g, prefix, cold=False, streamed=False)
+            await holds.wait(g, "m", "regular")
+            assert not running, (name, running)  # never two on the prompt at once, whichever replica
+            running.add(name)
+            order.append(name)
+            await asyncio.sleep(hold)
+            running.discard(name)
+
+    await asyncio.wait_for(asyncio.gather(request(b, "b1"), request(a, "a1")), 3)  # at once: they cross
+    assert order == ["a1", "b1"]
+    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (1, 1)
+    await asyncio.sleep(0.05)
+    assert not a._slots and not b._slots and not a._claims and not b._claims and not a._yielded and not b._yielded
+
+    order.clear()
+    first = asyncio.ensure_future(request(b, "b1", hold=0.2))
+    await asyncio.sleep(0.03)  # b claimed and runs it; a was told
+    await asyncio.wait_for(asyncio.gather(first, request(a, "a1")), 3)
+    assert order == ["b1", "a1"]
+    assert _sample(metrics, "timed_out") == 0 and _sample(metrics, "released") == 1  # held behind b's told turn
+    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (3, 1)  # a1's turn, after b's, claimed too
+    assert not b.leads(url, "doc A")
+
+    busy = asyncio.ensure_future(request(a, "a1", prefix="doc B", hold=0.3))
+    gone = asyncio.ensure_future(request(b, "b1", prefix="doc B"))  # crosses it, yields
+    await asyncio.sleep(0.05)
+    assert (worker.id, "doc B") in b._yielded
+    gone.cancel()  # its client left while it waited for a's turn
+    await asyncio.gather(gone, return_exceptions=True)
+    assert not b._yielded and not b._claims and not b._slots
+    await asyncio.wait_for(busy, 3)
