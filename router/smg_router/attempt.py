@@ -355,8 +355,8 @@ class Holds:
                 slot.running += 1
                 turn.set_result(None)
                 return
-        if slot.running == 0:
-            self._peers.tell_prefill(url, prefix, done=True)
+        if slot.running == 0:  # at once: a peer's requests on the prompt may wait for it
+            self._peers.tell_prefill(url, prefix, done=True, hurry=True)
             if self._slots.get((worker_id, prefix)) is slot:
                 del self._slots[worker_id, prefix]
 

@@ -21,10 +21,10 @@ every DNS_INTERVAL).
 Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
 BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
 route is a hint about a cache, and a late one is a wrong one.  A claimed start does not wait: the sender goes at
-once (its lead waits for the answers).  ``in_sync`` says whether every peer acknowledged a
-batch (or the heartbeat sent every HEARTBEAT seconds) within STALE seconds; while it does not, the policy falls
-back to what a replica without peers does (its own share of the backlog decides: rank-only placement for one of
-several replicas).
+once (its lead waits for the answers).  ``in_sync`` says whether every peer acknowledged a batch (or the heartbeat
+sent every HEARTBEAT seconds; the first at once, then every FIRST_CONTACT seconds until the peer first answers)
+within STALE seconds; while it does not, the policy falls back to what a replica without peers does (its own share
+of the backlog decides: rank-only placement for one of several replicas), and leads and turns do not claim.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ each peer a request's worth of CPU per route (measured: +140 µs a request with 
 route 10 ms late is as good as on time (a group's next request is rarely that close behind its first)."""
 HEARTBEAT = 1.0
 """Seconds between two batches to an idle peer (an empty one): what keeps ``in_sync`` true without traffic."""
+FIRST_CONTACT = 0.1
+"""Seconds between two heartbeats to a peer that never answered yet (the first goes at once): replicas started
+together are in sync, and claim, a tenth of a second after both listen, not a heartbeat or more later (the first
+requests of a rollout's new replica would else each lead a prefill of their own)."""
 STALE = 3.5
 """A peer that acknowledged nothing for this long is out of sync."""
 DNS_INTERVAL = 5.0
@@ -258,9 +262,13 @@ class PeerSync:
             log.info("peer router %s removed", peer.url)
 
     async def _send_loop(self, peer: _Peer) -> None:
+        first = True
         while not peer.is_self:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(peer.wake.wait(), HEARTBEAT)
+            if not first:
+                idle = HEARTBEAT if peer.acked_at > float("-inf") else FIRST_CONTACT
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(peer.wake.wait(), idle)
+            first = False
             if (peer.pending or peer.prefills) and not peer.hurry.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(peer.hurry.wait(), BATCH_DELAY)

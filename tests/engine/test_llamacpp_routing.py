@@ -24,7 +24,8 @@ import pytest
 from smg_router.policies.placement import placement_key, rendezvous_score
 from smg_router.settings import PolicySettings
 from support.llamacpp import MODEL_ID, LlamaServer
-from support.procs import Router, http_json, metric_value, start_router, wait_until
+from support.procs import Router, free_ports, http_json, metric_value, start_router, wait_until
+from support.tcp_proxy import CuttableProxy
 
 PREFIX_CHARS = 1500
 TIMEOUT = 120.0  # one request on a loaded 2-core machine; normally well under a second
@@ -266,6 +267,72 @@ def test_requests_on_one_prompt_take_turns_for_its_slot(logs: Path, engines: lis
             assert found[0] < PREFIX_CHARS or again.cached < PREFIX_CHARS, (found, again.cached)
     finally:
         router.stop()
+
+
+@pytest.mark.parametrize("claim", [True, False])
+def test_two_replicas_requests_on_one_prompt_take_turns_for_its_slot(
+    logs: Path, engines: list[LlamaServer], claim: bool
+) -> None:
+    """As above, the two requests on A at once, but one on each of two router replicas whose link is slow (0.2 s
+    each way): neither can be told of the other's turn before both went out.  With claims (``--prefill-claim-seconds``
+    wider than the link's delay) the replica with the higher id yields its first turn and goes once the other's
+    ended: both find A in its slot and B stays in its own.  Without (the premise) both run at once."""
+    engine = engines[0]
+    ports = free_ports(2)
+    links = [CuttableProxy(("127.0.0.1", port), delay=0.2) for port in reversed(ports)]  # A -> B, B -> A
+    window = ["--prefill-claim-seconds", "0.8" if claim else "0"]
+    routers = [
+        start_router(
+            logs,
+            workers=[engine.url],
+            port=port,
+            args=["--policy", "cache_aware", *window, "--peer", f"http://127.0.0.1:{link.port}"],
+        )
+        for port, link in zip(ports, links, strict=True)
+    ]
+    try:
+        for r in routers:
+            r.wait_routable(1, timeout=30)
+            wait_until(lambda r=r: metric_value(r.metrics(), "smg_peers_in_sync") == 1, timeout=30, what="in sync")
+            wait_until(
+                lambda r=r: metric_value(r.metrics(), "smg_worker_kv_capacity_tokens", worker=engine.url),
+                timeout=30,
+                interval=0.1,
+                what="the engine's slots read from /props",
+            )
+        rng = random.Random("replica turns")
+        a, b = random_text(PREFIX_CHARS, rng), random_text(PREFIX_CHARS, rng)
+        complete(routers[0].url, f"{a} Question 0?")
+        complete(routers[0].url, f"{b} Question 0?")  # the slots now hold A and B
+        time.sleep(0.5)  # both turns' ends reached the other replica
+        answers: list[Completion] = []
+        go = threading.Barrier(2)
+
+        def ask(router: Router, i: int) -> None:
+            go.wait()
+            answers.append(complete(router.url, f"{a} Question {i}?", max_tokens=48))
+
+        threads = [threading.Thread(target=ask, args=(r, i)) for i, r in enumerate(routers, start=1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=TIMEOUT)
+        again = complete(routers[0].url, f"{b} Question 1?")
+        found = sorted(x.cached for x in answers)
+        texts = [r.metrics() for r in routers]
+        yielded = sum(metric_value(t, "smg_prefill_claims_total", outcome="yielded") for t in texts)
+        if claim:
+            assert found[0] >= PREFIX_CHARS, found  # both found A in its slot
+            assert again.cached >= PREFIX_CHARS, again.body["usage"]  # and B stayed in its own
+            assert yielded == 1
+        else:
+            assert found[0] < PREFIX_CHARS or again.cached < PREFIX_CHARS, (found, again.cached)
+            assert yielded == 0
+    finally:
+        for r in routers:
+            r.stop()
+        for link in links:
+            link.close()
 
 
 def test_a_slot_engines_slots_are_read_at_the_routers_first_load_round(logs: Path, engines: list[LlamaServer]) -> None:

@@ -102,3 +102,47 @@ async def test_a_claim_is_answered_once_every_peer_answered_with_the_ids_of_thos
         await asyncio.gather(task, return_exceptions=True)
         for runner in runners:
             await runner.cleanup()
+
+
+async def test_a_peer_that_starts_listening_later_is_in_sync_within_a_first_contact_interval() -> None:
+    """Replicas start one after the other: a replica's first heartbeat to a peer not listening yet fails.  It asks
+    again every FIRST_CONTACT seconds (not a HEARTBEAT later), so both are in sync, and claim, about a tenth of a
+    second after the peer listens; once it answered, heartbeats go every HEARTBEAT seconds."""
+    import asyncio
+    import socket
+    import time
+
+    from aiohttp import web
+    from smg_router.peers import FIRST_CONTACT, HEARTBEAT
+
+    beats: list[float] = []
+
+    async def peer_routes(request: web.Request) -> web.Response:
+        await request.read()
+        beats.append(time.monotonic())
+        return web.json_response({"applied": 0, "ignored": 0, "id": "b", "leads": []})
+
+    with socket.socket() as s:  # the peer's port, nobody listening on it yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sync = PeerSync(urls=[f"http://127.0.0.1:{port}"], dns=None, admin_key=None, metrics=Metrics())
+    task = asyncio.ensure_future(sync.run())
+    app = web.Application()
+    app.router.add_post("/peers/routes", peer_routes)
+    runner = web.AppRunner(app)
+    try:
+        await asyncio.sleep(0.3)  # its first heartbeats failed
+        assert not sync.in_sync()
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        listening = time.monotonic()
+        while not sync.in_sync():
+            await asyncio.sleep(0.01)
+            assert time.monotonic() - listening < HEARTBEAT / 2, "not in sync within half a heartbeat"
+        assert time.monotonic() - listening < 3 * FIRST_CONTACT
+        await asyncio.sleep(1.5 * HEARTBEAT)
+        assert len(beats) == 2  # then the heartbeat's pace: one more
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
