@@ -95,7 +95,9 @@ class Relay:
             guard.answered(upstream.status)
             if self._records(req, upstream.status) and (rid := id_of_body(body)) is not None:
                 self._remember(rid, guard.worker)
-            return wire.Response(status=upstream.status, body=body, headers=headers)
+            response = wire.Response(status=upstream.status, body=body, headers=headers)
+            response.send_now(request)  # the client has it before the guard's and the metrics' bookkeeping
+            return response
         finally:
             upstream.abort()  # no-op once the body was read; cuts the worker off if the client left
 

@@ -270,12 +270,20 @@ class _Connection(asyncio.Protocol):
         response: Response | None = None
         try:
             response = await self._server.handler(request)
+            if request.answered and not response.prepared:  # a second answer after one went out: a router bug
+                log.error(
+                    "%s %s: a second answer (%d) after the first went out",
+                    request.method,
+                    request.path,
+                    response.status,
+                )
+                return False  # the connection cannot carry it: closed
             await response.send(request)
         except ConnectionError:
             return False
         except Exception:
             log.exception("%s %s: answer failed", request.method, request.path)
-            if response is None or not response.prepared:
+            if not request.answered:
                 self.write(_error_bytes(500, "internal error in the router (logged)", "server_error"))
             return False
         return response.keep_alive and request.complete

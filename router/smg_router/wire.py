@@ -85,6 +85,7 @@ class Request:
         "_query",
         "_query_string",
         "_waiter",
+        "answered",
         "body_timeout",
         "complete",
         "content_length",
@@ -132,6 +133,8 @@ class Request:
         self.too_large = False
         """More than ``max_body`` bytes arrived; ``read`` refused them and the connection closes after the answer."""
         self._waiter: asyncio.Future[None] | None = None
+        self.answered = False
+        """An answer's head went out (``Response.send_now`` or a stream's ``prepare``): no other may follow it."""
 
     @property
     def query(self) -> MultiDictProxy[str]:
@@ -283,13 +286,19 @@ class Response:
         out.append(b"\r\n")
         return b"".join(out)
 
-    async def send(self, request: Request) -> None:
-        """Write the whole answer (the server's, once the handler returned it); HEAD gets the head only."""
+    def send_now(self, request: Request) -> None:
+        """Write the whole answer at once, before what its handler does after (a relay's bookkeeping: the client
+        does not wait for it); HEAD gets the head only."""
         head = self.encode_head(request, length=len(self.body))
-        self.prepared = True
-        conn = request._conn
-        conn.write(head if request.method == "HEAD" or self.status in _NO_BODY else head + self.body)
-        await conn.drain()
+        self.prepared = request.answered = True
+        request._conn.write(head if request.method == "HEAD" or self.status in _NO_BODY else head + self.body)
+
+    async def send(self, request: Request) -> None:
+        """Write the whole answer unless ``send_now`` did (the server's, once the handler returned it), then wait
+        while the client is slow."""
+        if not self.prepared:
+            self.send_now(request)
+        await request._conn.drain()
 
 
 class StreamResponse(Response):
@@ -317,7 +326,7 @@ class StreamResponse(Response):
         self._request = request
         head = self.encode_head(request, length=None)
         self._chunked = "Content-Length" not in self.headers and request.version >= (1, 1)
-        self.prepared = True
+        self.prepared = request.answered = True
         if hold:
             self._held = head
         else:

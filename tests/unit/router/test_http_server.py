@@ -39,6 +39,13 @@ class App:
                 await out.write(b"data: %d\n\n" % i)
             await out.write_eof()
             return out
+        if request.path in ("/early", "/twice"):  # answered at once, then the handler's own work goes on
+            await request.read()
+            early = Response(body=b"early", content_type="text/plain")
+            early.send_now(request)
+            self.started.set()
+            await self.release.wait()
+            return early if request.path == "/early" else Response(status=500, body=b"a second answer")
         if request.path == "/noread":
             return Response(status=401, body=b'{"error": "no"}', content_type="application/json")
         try:
@@ -360,3 +367,27 @@ async def test_a_held_head_and_a_last_chunk_go_out_in_fewer_writes_as_the_same_b
         await server.shutdown(0.1)
     assert answers["/lean"] == answers["/plain"] == (200, "text/event-stream", b"data: 0\n\ndata: 1\n\n")
     assert counts == ({"/plain": 4, "/lean": 2} if version == "1.1" else {"/plain": 3, "/lean": 2})
+
+
+async def test_an_answer_sent_at_once_reaches_the_client_before_its_handler_ends_and_no_second_one_follows() -> None:
+    """``Response.send_now``: a relay writes a whole answer before its bookkeeping, the client does not wait for it
+    (here, for an event set only once the client read the answer); the connection serves on.  A handler that
+    returns another answer after one went out (a bug) gets it dropped, logged, and the connection closed: the client
+    reads the first answer and an end, never a second answer in its stream."""
+    app = App()
+    async with serving(app) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/early", b"x"))
+        status, _, body = await asyncio.wait_for(read_answer(reader), 5)  # while the handler still waits
+        assert (status, body, app.release.is_set()) == (200, b"early", False)
+        app.release.set()
+        writer.write(post("/a", b"next"))
+        assert json.loads((await asyncio.wait_for(read_answer(reader), 5))[2])["path"] == "/a"
+        writer.close()
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/twice", b"x"))
+        status, _, body = await asyncio.wait_for(read_answer(reader), 5)
+        assert (status, body) == (200, b"early")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing after the first answer
+        writer.close()
