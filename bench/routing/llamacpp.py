@@ -40,7 +40,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 import aiohttp  # noqa: E402
-from fleet import Launch, Target, start_replicas, stop_all  # noqa: E402
+from fleet import Launch, Target, decision_counts, start_replicas, stop_all  # noqa: E402
 from oracle import common_prefix_len, oracle_cached  # noqa: E402
 from report import percentile  # noqa: E402
 from support.llamacpp import MODEL_ID, LlamaServer, start_llama_server, tiny_model  # noqa: E402
@@ -458,20 +458,22 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         )
                         wall = time.monotonic() - t0
+                        decisions = decision_counts(routers) if target.kind == "smg" else {}
                     finally:
                         stop_all(routers, kill=True)
                     metrics = summarise(prompts, answers, engine_counters(engines), slots=a.slots)
                     doc["rows"].append(
                         {**cell, "wall_s": wall, "lru_reference": reference, "load_average": os.getloadavg()}
                         | {"head": head, "router_dirty": dirty}
-                        | {"metrics": metrics}
+                        | {"metrics": metrics, "decisions": decisions}
                     )
                     save()
                     pf = metrics["prefill_ms"]
                     print(
                         f"{target.name} x{replicas}: cached {_f(metrics['cached_share'], '.3f')} "
                         f"(oracle {metrics['oracle_share']:.3f}, LRU ref {reference:.3f}) prefill p50/p90 "
-                        f"{_f(pf['p50'], '.0f')}/{_f(pf['p90'], '.0f')} ms errors {metrics['errors']} ({wall:.1f}s)",
+                        f"{_f(pf['p50'], '.0f')}/{_f(pf['p90'], '.0f')} ms errors {metrics['errors']} ({wall:.1f}s)"
+                        + (f" decisions {decisions}" if decisions else ""),
                         file=sys.stderr,
                     )
         finally:

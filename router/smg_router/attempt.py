@@ -277,6 +277,9 @@ class Holds:
         self._yielded: dict[tuple[str, str], asyncio.Future[None]] = {}
         """(worker id, leading chars) -> the gate of a lead of this router that yielded to a peer's, until that
         prefill ends (its ``_Told`` is in ``_told``)."""
+        self._rivals: set[asyncio.Future[None]] = set()
+        """Gates of claims that a peer's lead or turn stopped (it yielded, or that one's end came first): whoever else
+        waited for the same end goes with it, so a turn's claim is made again (``wait``)."""
 
     def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
         """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
@@ -386,6 +389,7 @@ class Holds:
         """This router's claim on ``key`` yields to the peer ``peer``'s lead: it goes when that prefill ends."""
         del self._claims[key]
         self._yielded[key] = gate
+        self._rivals.add(gate)
         self._metrics.prefill_claims.labels("yielded").inc()
         self._tell(gate, *key, peer)
 
@@ -396,6 +400,7 @@ class Holds:
             del self._claims[key]
         if self._yielded.get(key) is gate:
             self._release(*key, gate)
+        self._rivals.discard(gate)
 
     def heard(self, peer: str) -> None:
         """A batch came from the peer router ``peer`` (its id): its leads stand (``observe``)."""
@@ -419,6 +424,7 @@ class Holds:
             if (gate := self._yielded.get(key)) is not None:
                 self._release(worker_id, prefix, gate)
             elif (gate := self._claims.get(key)) is not None:  # ended before this claim was answered: it goes
+                self._rivals.add(gate)
                 self._claimed(key, gate, "yielded")
             if ahead is None or ahead not in self._told:
                 return gate is not None
@@ -480,7 +486,8 @@ class Holds:
             return
         prefix = guard.held_under or ""
         slot = self._turns.get(ahead)  # None: behind a prefill or in its claim, not waiting for a turn
-        claim = guard.on_started is not None or (slot is None and guard.on_closed is not None)
+        turn_claim = slot is None and guard.on_closed is not None
+        claim = turn_claim or guard.on_started is not None
         """A lead's or a first turn's claim (counted in prefill_claims, not in prefill_holds)."""
         worker = guard.worker
         try:
@@ -508,6 +515,12 @@ class Holds:
             self._metrics.prefill_holds.labels(model, role, "released" if released else "timed_out").inc()
         elif not released:
             self._drop_claim((worker.id, prefix), ahead)
+        elif ahead in self._rivals:
+            self._rivals.discard(ahead)
+            if turn_claim:  # the turn it yielded to ended: a peer's claim that yielded to the same goes now too
+                self._claim(guard, prefix)
+                await self.wait(guard, model, role)
+                return
         if (
             slot is None
             and not claim

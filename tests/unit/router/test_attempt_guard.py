@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from smg_router.attempt import AttemptGuard, is_retryable, is_worker_failure
@@ -483,13 +484,13 @@ async def test_requests_on_the_same_prompt_take_turns_on_a_slot_engine() -> None
 
 
 class _Link:
-    """The peers of one ``Holds`` as another ``Holds`` sees them, a one-way delay apart: its starts and ends reach
-    the other's ``observe``, and a claim is answered with whether the other leads the same (``admin.peer_routes``)."""
+    """The peers of one ``Holds`` as the other ``Holds`` see them, a one-way delay apart: its starts and ends reach
+    their ``observe``, and a claim is answered once each answered whether it leads the same (``admin.peer_routes``)."""
 
     def __init__(self, id: str, delay: float = 0.01) -> None:
         self.id = id
         self.delay = delay
-        self.other: object = None
+        self.others: list[Any] = []
         self.prefills: list[tuple[str, str, bool]] = []
 
     def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
@@ -497,29 +498,48 @@ class _Link:
 
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
         self.prefills.append((worker_url, prefix, done))
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.delay, self._arrive, worker_url, prefix, done)
+        for other in self.others:
+            asyncio.get_running_loop().call_later(self.delay, self._arrive, other, worker_url, prefix, done)
 
-    def _arrive(self, worker_url: str, prefix: str, done: bool) -> bool:
-        other = self.other
-        assert other is not None
-        other.heard(self.id)  # type: ignore[attr-defined]
-        other.observe(worker_url, prefix, done=done, peer=self.id)  # type: ignore[attr-defined]
-        return bool(other.leads(worker_url, prefix))  # type: ignore[attr-defined]
+    def _arrive(self, other: Any, worker_url: str, prefix: str, done: bool) -> bool:
+        other.heard(self.id)
+        other.observe(worker_url, prefix, done=done, peer=self.id)
+        return bool(other.leads(worker_url, prefix))
 
     def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
         self.prefills.append((worker_url, prefix, False))
         loop = asyncio.get_running_loop()
+        waiting, leaders = set(map(id, self.others)), []
 
-        def arrive() -> None:
-            leads = self._arrive(worker_url, prefix, False)
-            other_id = self.other._peers.id  # type: ignore[attr-defined]
-            loop.call_later(self.delay, answered, [other_id] if leads else [])
+        def answer(other: Any, leads: bool) -> None:
+            waiting.discard(id(other))
+            if leads:
+                leaders.append(other._peers.id)
+            if not waiting:
+                answered(leaders)
 
-        loop.call_later(self.delay, arrive)
+        def arrive(other: Any) -> None:
+            loop.call_later(self.delay, answer, other, self._arrive(other, worker_url, prefix, False))
+
+        for other in self.others:
+            loop.call_later(self.delay, arrive, other)
 
     def in_sync(self) -> bool:
         return True
+
+
+def _mesh(count: int, loads: Any, metrics: Metrics) -> list[Any]:
+    """``count`` replicas' ``Holds`` (ids a, b, c, ...), each linked to every other, in sync."""
+    from smg_router.attempt import Holds
+
+    links = [_Link(chr(ord("a") + n)) for n in range(count)]
+    holds = [Holds(seconds=5.0, metrics=metrics, peers=link, claim_seconds=1.0, loads=loads) for link in links]
+    for link in links:
+        link.others = [h for h in holds if h._peers is not link]
+    for h in holds:
+        for link in links:
+            h.heard(link.id)
+    return holds
 
 
 async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them() -> None:
@@ -535,12 +555,7 @@ async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them
     url = worker.url
     loads = LoadView(max_age=10.0)
     loads.record_kv(worker.id, 8192, slots=2)
-    links = _Link("a"), _Link("b")
-    a, b = (Holds(seconds=5.0, metrics=metrics, peers=link, claim_seconds=1.0, loads=loads) for link in links)
-    links[0].other, links[1].other = b, a
-    for h in (a, b):
-        h.heard("a")
-        h.heard("b")
+    a, b = _mesh(2, loads, metrics)
     running: set[str] = set()
     order: list[str] = []
 
@@ -556,7 +571,7 @@ async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them
 
     await asyncio.wait_for(asyncio.gather(request(b, "b1"), request(a, "a1")), 3)  # at once: they cross
     assert order == ["a1", "b1"]
-    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (1, 1)
+    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (2, 1)  # b claimed again once a1 ended
     await asyncio.sleep(0.05)
     assert not a._slots and not b._slots and not a._claims and not b._claims and not a._yielded and not b._yielded
 
@@ -566,7 +581,7 @@ async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them
     await asyncio.wait_for(asyncio.gather(first, request(a, "a1")), 3)
     assert order == ["b1", "a1"]
     assert _sample(metrics, "timed_out") == 0 and _sample(metrics, "released") == 1  # held behind b's told turn
-    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (3, 1)  # a1's turn, after b's, claimed too
+    assert (_claims(metrics, "led"), _claims(metrics, "yielded")) == (4, 1)  # a1's turn, after b's, claimed too
     assert not b.leads(url, "doc A")
 
     busy = asyncio.ensure_future(request(a, "a1", prefix="doc B", hold=0.3))
@@ -577,3 +592,36 @@ async def test_replicas_in_sync_take_turns_on_a_slot_engines_prompt_between_them
     await asyncio.gather(gone, return_exceptions=True)
     assert not b._yielded and not b._claims and not b._slots
     await asyncio.wait_for(busy, 3)
+
+
+async def test_replicas_that_yielded_to_one_turn_claim_again_when_it_ends() -> None:
+    """Three replicas whose first turns on one prompt cross: a (the lowest id) runs, b and c yield to it.  a's end
+    releases both at once: each claims again (the crossing goes to the lower id), so they run one after the other,
+    never side by side (the engine would give the second another slot)."""
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    a, b, c = _mesh(3, loads, metrics)
+    running: set[str] = set()
+    order: list[str] = []
+
+    async def request(holds: Any, name: str, hold: float) -> None:
+        with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+            holds.arrange(g, "doc A", cold=False, streamed=False)
+            await holds.wait(g, "m", "regular")
+            assert not running, (name, running)
+            running.add(name)
+            order.append(name)
+            await asyncio.sleep(hold)
+            running.discard(name)
+
+    first = asyncio.ensure_future(request(b, "b1", 0.3))
+    await asyncio.sleep(0.005)  # b's claim is on its way: a and c claim before they are told of it
+    others = [asyncio.ensure_future(request(h, n, 0.1)) for h, n in ((c, "c1"), (a, "a1"))]
+    await asyncio.wait_for(asyncio.gather(first, *others), 5)
+    assert order == ["a1", "b1", "c1"]  # the crossing to the lowest id; b and c, released by its end, cross again
+    assert _sample(metrics, "timed_out") == 0
+    await asyncio.sleep(0.05)
+    assert not any(h._claims or h._yielded or h._slots for h in (a, b, c))
