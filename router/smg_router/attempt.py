@@ -230,10 +230,13 @@ class _Slot:
     """The requests with the same leading chars on one slot engine: how many run (one, but for a wait past its
     bound), the turns of those waiting, in order."""
 
-    __slots__ = ("running", "turns")
+    __slots__ = ("pending", "running", "turns")
 
     def __init__(self) -> None:
         self.running = 0
+        self.pending = 0
+        """Of ``running``, the turns still in their claim (claiming, yielded, or released and about to claim
+        again): counted so that this router's others on the prompt wait behind them, not sent yet."""
         self.turns: deque[asyncio.Future[None]] = deque()
 
 
@@ -328,6 +331,7 @@ class Holds:
         if slot.running == 0 and not slot.turns:
             if self._claiming():
                 slot.running += 1  # the claim has the turn: this router's others on the prompt wait behind it
+                slot.pending += 1
                 self._run(guard, prefix, slot, counted=True)
                 self._claim(guard, prefix)
             else:
@@ -490,6 +494,8 @@ class Holds:
         claim = turn_claim or guard.on_started is not None
         """A lead's or a first turn's claim (counted in prefill_claims, not in prefill_holds)."""
         worker = guard.worker
+        claimed = self._slots.get((worker.id, prefix)) if turn_claim else None
+        """The slot whose turn this claim holds (its ``pending`` until the request goes)."""
         try:
             if not ahead.done():
                 await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
@@ -502,6 +508,8 @@ class Holds:
                     self._turns.pop(ahead, None)
             elif claim:
                 self._drop_claim((worker.id, prefix), ahead)
+                if claimed is not None:
+                    claimed.pending -= 1
             raise
         finally:
             guard.unhold()
@@ -514,6 +522,7 @@ class Holds:
         if not claim:
             self._metrics.prefill_holds.labels(model, role, "released" if released else "timed_out").inc()
         elif not released:
+            self._metrics.prefill_claims.labels("timed_out").inc()
             self._drop_claim((worker.id, prefix), ahead)
         elif ahead in self._rivals:
             self._rivals.discard(ahead)
@@ -521,6 +530,8 @@ class Holds:
                 self._claim(guard, prefix)
                 await self.wait(guard, model, role)
                 return
+        if claimed is not None:
+            claimed.pending -= 1  # the request goes
         if (
             slot is None
             and not claim
@@ -540,9 +551,11 @@ class Holds:
         key = (worker_id, prefix)
         if key in self._yielded:
             return False
+        if key in self._claims:
+            return True
         ahead = self._leading.get(worker_id, {}).get(prefix)
         slot = self._slots.get(key)
-        return (ahead is not None and ahead not in self._told) or (slot is not None and slot.running > 0)
+        return (ahead is not None and ahead not in self._told) or (slot is not None and slot.running > slot.pending)
 
     def leading(self) -> int:
         """How many bursts are in their first prefill (for tests)."""

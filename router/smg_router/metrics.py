@@ -340,9 +340,11 @@ class Metrics:
         )
         self.prefill_claims = CounterFamily(
             "smg_prefill_claims",
-            "Leads of a first prefill by a replica in sync with its peers, after their claim, by outcome: led "
-            "(every peer answered, none leads the same prefix on the same worker), yielded (one does: the lead "
-            "waited for that prefill), unanswered (sent after --prefill-claim-seconds without every answer)",
+            "Claims of a replica in sync with its peers (the lead of a first prefill; on a slot engine, the first "
+            "turn on a prompt), by outcome: led (every peer answered, none leads the same prefix on the same "
+            "worker), yielded (one does: the claim waited for that prefill or turn), unanswered (sent after "
+            "--prefill-claim-seconds without every answer), timed_out (a yielded claim sent after "
+            "--prefill-hold-seconds: the peer's end never came)",
             ("outcome",),
             registry=r,
         )

@@ -625,3 +625,48 @@ async def test_replicas_that_yielded_to_one_turn_claim_again_when_it_ends() -> N
     assert _sample(metrics, "timed_out") == 0
     await asyncio.sleep(0.05)
     assert not any(h._claims or h._yielded or h._slots for h in (a, b, c))
+
+
+async def test_a_turn_released_from_its_yield_leads_nothing_until_it_claims_again() -> None:
+    """A first turn that yielded to a peer's, released by that turn's end: until its request claims again (its task
+    goes on a loop pass later), the router answers a third replica's claim that it leads nothing (it answered that it
+    led: two such replicas each yielded to the other and both waited for the hold's bound, 10 s).  A yielded claim
+    whose peer's end never comes goes after the hold's bound (``timed_out``)."""
+    from smg_router.attempt import Holds
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    url = worker.url
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    peers = _Told(id="b")
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0, loads=loads)
+    holds.heard("a")
+    holds.heard("c")
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+        holds.arrange(g, "doc A", cold=False, streamed=False)
+        assert holds.leads(url, "doc A")  # claiming
+        going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
+        await asyncio.sleep(0.01)
+        peers.claims[url, "doc A"](["a"])  # a runs it: yield
+        assert not holds.leads(url, "doc A")
+        assert holds.observe(url, "doc A", done=True, peer="a")  # a's turn ended: released
+        holds.observe(url, "doc A", done=False, peer="c")  # c's claim, before this request claims again
+        assert not holds.leads(url, "doc A")
+        await asyncio.sleep(0.01)
+        assert not going.done() and holds.leads(url, "doc A")  # it claimed again
+        peers.claims[url, "doc A"]([])
+        await asyncio.wait_for(going, 1)
+        assert holds.leads(url, "doc A")  # its request runs
+    assert not holds.leads(url, "doc A")
+
+    short = Holds(seconds=0.05, metrics=metrics, peers=_Told(id="b"), claim_seconds=5.0, loads=loads)
+    short.heard("a")
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+        short.arrange(g, "doc B", cold=False, streamed=False)
+        going = asyncio.ensure_future(short.wait(g, "m", "regular"))
+        await asyncio.sleep(0.01)
+        short._peers.claims[url, "doc B"](["a"])  # type: ignore[attr-defined]
+        await asyncio.wait_for(going, 1)  # a's end never came: it goes after the hold's bound
+        assert _claims(metrics, "timed_out") == 1 and not short._yielded and not short._claims
+        assert short.leads(url, "doc B")  # it runs
