@@ -34,7 +34,11 @@ busy another slot, which prefills the whole prompt again and evicts the prompt t
 the requests with the same leading chars take turns (``_Slot``), streamed or not: one runs, the others wait, at most
 ``--prefill-hold-seconds``, until it ends, then the first of them goes and finds its prompt in its slot.  With peers
 the turns are told as leads (their ends when they end), and a replica's requests wait behind a peer's as behind a
-prefill, then take their turns among themselves.
+prefill, then take their turns among themselves.  Two replicas' requests on one prompt within a round trip would still
+run side by side, so a replica in sync claims its first turn on a prompt as a lead is claimed (the lowest id too): it
+yields to a peer that runs or claims a turn there, and once that turn's end releases it, claims again, since every
+replica that yielded to the same turn is released by the same end (``_rivals``); a turn still in its claim is no lead
+in the answers (``_Slot.pending``).
 
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
