@@ -1,7 +1,8 @@
 #!/bin/bash
-# The matrix at 92b9cec (session 17, the claims), run from the repository root (router of that commit).
+# The matrix at 92b9cec (session 17, the claims), run from the repository root (router of that commit);
+# REV and OUT run it at another commit into another folder (bench/routing/results/s18-matrix/run.sh).
 set -e
-out=bench/routing/results/s17-matrix
+out=${OUT:-bench/routing/results/s17-matrix}
 rev=${REV:-92b9cec}
 .venv/bin/python bench/routing/run.py --workload shared_prefix \
   --targets smg:cache_aware+peers,smg:cache_aware,smg:least_load,smg:round_robin,rust:cache_aware,rust:round_robin \
