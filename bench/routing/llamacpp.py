@@ -14,6 +14,13 @@ whose cache shares most of its prompt, else the least recently used one, so an e
 worker ids), ``--replicas`` fresh routers start in front of them, and the plan is sent closed-loop by
 ``--concurrency`` clients, request ``i`` to replica ``i mod replicas``.  Figures come from the engines' own
 answers: ``usage.prompt_tokens_details.cached_tokens`` and ``timings.prompt_ms``.
+
+The target ``pinned`` is no router: the best schedule this machine can run, as a reference for the routers'
+figures.  The clients send group ``g`` straight to engine ``g mod engines`` (with ``--groups`` = engines x
+slots, each engine's slots hold its groups for the whole run) and one request of a group at a time, as
+smg-router's turns do (a second request on a busy slot's prompt would take, and evict, the engine's other
+slot).  Its prefill p90/p50 is what the machine alone makes of the plan: on 2 cores, 4 single-thread engines
+prefilling at once take up to twice as long as one alone, whatever sent them the requests.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from support.procs import http_json, metric_value, next_host  # noqa: E402
 from workloads import shared_prefix  # noqa: E402
 
 DEFAULT_TARGETS = "smg:cache_aware,smg:round_robin,rust:cache_aware"
+PINNED = "pinned"
+"""The reference target: no router, each group pinned to one engine, one request of a group at a time."""
 RUST_BIN = "/tmp/smg-rust/bin/smg"
 SLOT_PROMPT_SIMILARITY = 0.1
 """llama.cpp's default ``--slot-prompt-similarity``: a slot is reused for its cache above this share."""
@@ -77,7 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=0, help="closed-loop clients (0: one per engine)")
     p.add_argument("--replicas", type=_csv(int), default=[1, 2])
-    p.add_argument("--targets", type=_csv(str), default=DEFAULT_TARGETS.split(","), help="smg:<policy> / rust:<policy>")
+    p.add_argument(
+        "--targets",
+        type=_csv(str),
+        default=DEFAULT_TARGETS.split(","),
+        help=f"smg:<policy>[+peers] / rust:<policy> / {PINNED} (no router: the reference schedule)",
+    )
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
     p.add_argument(
         "--kv-capacity-tokens",
@@ -100,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.ctx = a.ctx or 4096 * a.slots
     a.concurrency = a.concurrency or a.engines
     try:
-        a.targets = [Target.parse(t) for t in a.targets]
+        a.targets = [PINNED if t == PINNED else Target.parse(t) for t in a.targets]
     except ValueError as e:
         p.error(str(e))
     return a
@@ -199,17 +213,32 @@ async def _send(session: aiohttp.ClientSession, url: str, p: Prompt, out: Answer
 
 
 async def drive(
-    prompts: Sequence[Prompt], replicas: Sequence[str], *, concurrency: int, max_tokens: int, request_timeout: float
+    prompts: Sequence[Prompt],
+    replicas: Sequence[str],
+    *,
+    concurrency: int,
+    max_tokens: int,
+    request_timeout: float,
+    pinned: bool = False,
 ) -> list[Answer]:
-    """Send every prompt in plan order, ``concurrency`` at a time, prompt ``i`` to replica ``i mod replicas``."""
+    """Send every prompt in plan order, ``concurrency`` at a time, prompt ``i`` to replica ``i mod replicas``;
+    ``pinned``: ``replicas`` are the engines, group ``g`` goes to engine ``g mod engines``, one at a time."""
     answers = [Answer(p.index, i % len(replicas)) for i, p in enumerate(prompts)]
     queue = iter(range(len(prompts)))
+    turns: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
     client_timeout = aiohttp.ClientTimeout(total=request_timeout)
     async with aiohttp.ClientSession(timeout=client_timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def client() -> None:
             for i in queue:
-                await _send(session, replicas[answers[i].replica], prompts[i], answers[i], max_tokens)
+                p, out = prompts[i], answers[i]
+                if not pinned:
+                    await _send(session, replicas[out.replica], p, out, max_tokens)
+                    continue
+                out.replica = p.group % len(replicas)
+                async with turns[p.group]:
+                    await _send(session, replicas[out.replica], p, out, max_tokens)
+                out.worker = replicas[out.replica]
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
     return answers
@@ -385,6 +414,35 @@ def set_kv_capacity(router_url: str, tokens: int) -> None:
             raise RuntimeError(f"PATCH {router_url}/workers/{w['id']}: {status} {got}")
 
 
+def run_pinned(fleet: Fleet, prompts: Sequence[Prompt], a: argparse.Namespace, reference: float) -> dict[str, Any]:
+    """The ``pinned`` cell: the plan sent straight to fresh engines on the reference schedule."""
+    engines = fleet.restart()
+    t0 = time.monotonic()
+    answers = asyncio.run(
+        drive(
+            prompts,
+            [e.url for e in engines],
+            concurrency=a.concurrency,
+            max_tokens=a.max_tokens,
+            request_timeout=a.request_timeout,
+            pinned=True,
+        )
+    )
+    wall = time.monotonic() - t0
+    metrics = summarise(prompts, answers, engine_counters(engines), slots=a.slots)
+    pf = metrics["prefill_ms"]
+    print(
+        f"{PINNED}: cached {_f(metrics['cached_share'], '.3f')} (oracle {metrics['oracle_share']:.3f}) prefill"
+        f" p50/p90 {_f(pf['p50'], '.0f')}/{_f(pf['p90'], '.0f')} ms errors {metrics['errors']} ({wall:.1f}s)",
+        file=sys.stderr,
+    )
+    return {"target": PINNED, "replicas": 0, "wall_s": wall, "lru_reference": reference} | {
+        "load_average": os.getloadavg(),
+        "metrics": metrics,
+        "decisions": {},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     prompts = plan(a)
@@ -397,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "load_average": os.getloadavg(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "targets"}
-        | {"targets": [t.name for t in a.targets]},
+        | {"targets": [t if t == PINNED else t.name for t in a.targets]},
         "requests": len(prompts),
         "lru_reference": reference,
         "rows": [],
@@ -422,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for replicas in a.replicas:
                 for target in a.targets:
+                    if target == PINNED:
+                        if replicas == a.replicas[0]:  # no router: one cell, whatever the replicas
+                            doc["rows"].append(run_pinned(fleet, prompts, a, reference))
+                            save()
+                        continue
                     cell = {"target": target.name, "replicas": replicas}
                     if target.kind == "rust" and not os.access(a.rust_bin, os.X_OK):
                         print(f"skip {target.name}: no {a.rust_bin}", file=sys.stderr)
