@@ -340,22 +340,31 @@ class CacheAwarePolicy(Policy):
             among = [i for i, fits in enumerate(ok) if fits]
         least = min(loads[i] for i in among)
         # one criterion after the other, each asked only of the workers the ones before left tied (under load the
-        # prefill order alone decides, and the room checks are not made)
+        # prefill order alone decides, and the room checks are not made); a criterion that ties them all by
+        # construction is not asked (no slot engine among them, none prefilling, none past the slack): the same
+        # choice, without a call per worker per criterion on every miss (issue 12)
+        slots = self.ctx.loads.slots
         waits = lambda i: prefill_wait(workers[i])  # noqa: E731
 
         def full(i: int) -> bool:
             return not self._has_room(tree, workers[i], size, key)
 
         def slots_full(i: int) -> bool:
-            return self.ctx.loads.slots(workers[i].id) is not None and full(i)
+            return slots(workers[i].id) is not None and full(i)
 
+        prefilling = (waits,) if any(workers[i].prefilling for i in among) else ()
+        criteria: tuple[Callable[[int], Any], ...]
         if alone:  # a slot engine without a free slot would evict a whole prompt: room first there
-            criteria: tuple[Callable[[int], Any], ...] = (slots_full, waits, full)
+            slot_engines = any(slots(workers[i].id) is not None for i in among)
+            criteria = ((slots_full,) if slot_engines else ()) + prefilling + (full,)
         else:  # in sync: it knows what the fleet holds from every replica's routes, the prefills only from its own
-            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), waits)
+            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), *prefilling)
         for criterion in criteria:
+            if len(among) == 1:
+                return among[0]
             among = _least(among, criterion)
-        among = _least(among, lambda i: max(0, loads[i] - least - ALONE_SLACK))
+        if any(loads[i] - least > ALONE_SLACK for i in among):
+            among = _least(among, lambda i: max(0, loads[i] - least - ALONE_SLACK))
         return among[0] if len(among) == 1 else max(among, key=lambda i: rendezvous_score(key, workers[i].id))
 
     def _sends_the_traffic(self) -> bool:
