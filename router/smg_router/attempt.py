@@ -38,7 +38,8 @@ prefill, then take their turns among themselves.  Two replicas' requests on one 
 run side by side, so a replica in sync claims its first turn on a prompt as a lead is claimed (the lowest id too): it
 yields to a peer that runs or claims a turn there, and once that turn's end releases it, claims again, since every
 replica that yielded to the same turn is released by the same end (``_rivals``); a turn still in its claim is no lead
-in the answers (``_Slot.pending``).
+in the answers (``_Slot.pending``), and one whose claim went is a lead from that moment (``_in_claim``, ``_settle``),
+not from when its request's task resumes.
 
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
@@ -287,6 +288,10 @@ class Holds:
         self._rivals: set[asyncio.Future[None]] = set()
         """Gates of claims that a peer's lead or turn stopped (it yielded, or that one's end came first): whoever else
         waited for the same end goes with it, so a turn's claim is made again (``wait``)."""
+        self._in_claim: dict[asyncio.Future[None], _Slot] = {}
+        """The gate of a turn in its claim -> its slot, whose ``pending`` counts it until the claim goes (``_claimed``:
+        from then on the router answers that it leads, though the request's task resumes a loop pass later) or its
+        request stops waiting (``_settle``)."""
 
     def arrange(self, guard: AttemptGuard, prefix: str | None, *, cold: bool, streamed: bool) -> None:
         """Put a just opened attempt behind the burst it belongs to, or make it lead one."""
@@ -312,12 +317,14 @@ class Holds:
         """Whether this router's leads and first turns wait for its peers' answers (it is in sync with them)."""
         return self.claim_seconds > 0 and self._peers.in_sync()
 
-    def _claim(self, guard: AttemptGuard, prefix: str) -> None:
-        """Hold ``guard`` (a lead or a first turn) until every peer answered its start, at most ``claim_seconds``:
-        it yields if one of them leads the same (``_answered``, ``observe``)."""
+    def _claim(self, guard: AttemptGuard, prefix: str, slot: _Slot | None = None) -> None:
+        """Hold ``guard`` (a lead, or a first turn of ``slot``) until every peer answered its start, at most
+        ``claim_seconds``: it yields if one of them leads the same (``_answered``, ``observe``)."""
         loop = asyncio.get_running_loop()
         key = (guard.worker.id, prefix)
         gate: asyncio.Future[None] = loop.create_future()
+        if slot is not None:
+            self._in_claim[gate] = slot
         self._claims[key] = gate
         guard.hold(gate, prefix)
         loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
@@ -337,7 +344,7 @@ class Holds:
                 slot.running += 1  # the claim has the turn: this router's others on the prompt wait behind it
                 slot.pending += 1
                 self._run(guard, prefix, slot, counted=True)
-                self._claim(guard, prefix)
+                self._claim(guard, prefix, slot)
             else:
                 self._run(guard, prefix, slot)
             return
@@ -391,6 +398,8 @@ class Holds:
             del self._claims[key]
         if gate not in self._told and not gate.done():
             gate.set_result(None)
+            if gate not in self._rivals:  # it goes: a turn's claim leads from now (a rival's claims again)
+                self._settle(gate)
             self._metrics.prefill_claims.labels(outcome).inc()
 
     def _yield(self, key: tuple[str, str], gate: asyncio.Future[None], peer: str) -> None:
@@ -400,6 +409,11 @@ class Holds:
         self._rivals.add(gate)
         self._metrics.prefill_claims.labels("yielded").inc()
         self._tell(gate, *key, peer)
+
+    def _settle(self, gate: asyncio.Future[None]) -> None:
+        """A turn's claim is over (it goes, or its request stopped waiting): its slot counts it in its claim no more."""
+        if (slot := self._in_claim.pop(gate, None)) is not None:
+            slot.pending -= 1
 
     def _drop_claim(self, key: tuple[str, str], gate: asyncio.Future[None]) -> None:
         """A claim whose request stopped waiting for it (its client left, or it yielded past the hold's bound): it
@@ -498,8 +512,6 @@ class Holds:
         claim = turn_claim or guard.on_started is not None
         """A lead's or a first turn's claim (counted in prefill_claims, not in prefill_holds)."""
         worker = guard.worker
-        claimed = self._slots.get((worker.id, prefix)) if turn_claim else None
-        """The slot whose turn this claim holds (its ``pending`` until the request goes)."""
         try:
             if not ahead.done():
                 await asyncio.wait((ahead,), timeout=self.seconds)  # never cancels it: others may wait on it too
@@ -512,8 +524,7 @@ class Holds:
                     self._turns.pop(ahead, None)
             elif claim:
                 self._drop_claim((worker.id, prefix), ahead)
-                if claimed is not None:
-                    claimed.pending -= 1
+                self._settle(ahead)
             raise
         finally:
             guard.unhold()
@@ -531,11 +542,10 @@ class Holds:
         elif ahead in self._rivals:
             self._rivals.discard(ahead)
             if turn_claim:  # the turn it yielded to ended: a peer's claim that yielded to the same goes now too
-                self._claim(guard, prefix)
+                self._claim(guard, prefix, self._in_claim.pop(ahead, None))
                 await self.wait(guard, model, role)
                 return
-        if claimed is not None:
-            claimed.pending -= 1  # the request goes
+        self._settle(ahead)  # the request goes
         if (
             slot is None
             and not claim

@@ -624,7 +624,7 @@ async def test_replicas_that_yielded_to_one_turn_claim_again_when_it_ends() -> N
     assert order == ["a1", "b1", "c1"]  # the crossing to the lowest id; b and c, released by its end, cross again
     assert _sample(metrics, "timed_out") == 0
     await asyncio.sleep(0.05)
-    assert not any(h._claims or h._yielded or h._slots for h in (a, b, c))
+    assert not any(h._claims or h._yielded or h._slots or h._in_claim for h in (a, b, c))
 
 
 async def test_a_turn_released_from_its_yield_leads_nothing_until_it_claims_again() -> None:
@@ -670,3 +670,33 @@ async def test_a_turn_released_from_its_yield_leads_nothing_until_it_claims_agai
         await asyncio.wait_for(going, 1)  # a's end never came: it goes after the hold's bound
         assert _claims(metrics, "timed_out") == 1 and not short._yielded and not short._claims
         assert short.leads(url, "doc B")  # it runs
+
+
+async def test_a_turn_whose_claim_went_leads_before_its_request_resumes() -> None:
+    """A first turn's claim answered with no leader goes: from that moment the router answers a peer's claim on the
+    prompt that it leads, though its request's task resumes a loop pass later.  It answered that it led nothing in
+    that gap (the claim was gone, the turn still counted as in its claim): the peer's turn ran beside it and the engine
+    gave the second another slot (4 replicas on 4 llama.cpp engines, session 19: 2-4 misses a run, found in per-claim
+    logs).  Released from a yield instead, it still leads nothing until it claims again (the test above)."""
+    from smg_router.attempt import Holds
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    url = worker.url
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    peers = _Told(id="b")
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0, loads=loads)
+    holds.heard("a")
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+        holds.arrange(g, "doc A", cold=False, streamed=False)
+        going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
+        await asyncio.sleep(0.01)
+        peers.claims[url, "doc A"]([])  # nobody leads it: the turn goes
+        holds.observe(url, "doc A", done=False, peer="a")  # a's claim arrives before the request resumed
+        assert holds.leads(url, "doc A")  # so a yields to it
+        await asyncio.wait_for(going, 1)
+        assert holds.leads(url, "doc A")  # its request runs
+        assert _claims(metrics, "led") == 1
+    assert not holds.leads(url, "doc A")
+    assert not holds._slots and not holds._claims and not holds._in_claim
