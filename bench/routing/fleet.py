@@ -180,12 +180,14 @@ class Launch:
         return {}
 
     def ready_or_dead(self, router: Router) -> bool:
-        """Every worker is routable on this replica (or it exited: no use waiting)."""
+        """Every worker is routable on this replica, and it is ready (an smg-router with peers: in sync with them),
+        or it exited: no use waiting."""
         if not router.alive():
             return True
         if self.target.kind == "smg":
             status, body = http_json("GET", router.url + "/workers", timeout=1)
-            return status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == len(self.workers)
+            routable = status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == len(self.workers)
+            return routable and http_json("GET", router.url + "/readiness", timeout=1)[0] == 200
         status, body = http_json("GET", router.url + "/readiness", timeout=1)
         return status == 200 and body.get("healthy_workers") == len(self.workers)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -100,13 +101,26 @@ class RouterCore:
         """The client headers forwarded to workers: never the router's own API key."""
         self.shutting_down = False
         """Set on SIGTERM: readiness answers 503 while the router serves on (``__main__.serve``)."""
+        self.peers_grace_until = time.monotonic() + settings.peers.ready_grace
+        """Until then readiness waits for the peers to be in sync (``PeerSettings.ready_grace``)."""
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker."""
+        """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker.  With peers,
+        not before they are in sync (every one answered), for at most ``peers.ready_grace`` seconds after the start:
+        a replica's first requests claim their prefills as the others' do (a request that would not, sent with
+        another replica's on the same new prompt, makes the worker prefill it twice)."""
         routable = [w for w in self.registry if w.routable]
         detail: dict[str, Any] = {"workers": len(self.registry), "routable": len(routable)}
         if self.shutting_down:
             return False, {"status": "shutting_down", **detail}
+        peers = self.peers
+        if (
+            peers is not None
+            and not peers.alone()
+            and not peers.in_sync()
+            and time.monotonic() < self.peers_grace_until
+        ):
+            return False, {"status": "peers_not_in_sync", **detail}
         if not self.settings.pd.enabled:
             return bool(routable), detail
         by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}

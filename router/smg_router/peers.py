@@ -209,6 +209,13 @@ class PeerSync:
         peers = [p for p in self._peers.values() if not p.is_self]
         return bool(peers) and all(now - p.acked_at < STALE for p in peers)
 
+    def alone(self) -> bool:
+        """Whether no other replica is known: the DNS name lists this router alone (or nothing yet), and every
+        ``--peer`` URL turned out to be this router's own."""
+        if any(u not in self._peers for u in self._static):
+            return False  # not even asked yet
+        return all(p.is_self for p in self._peers.values())
+
     # -- background ---------------------------------------------------------------------------------
     async def run(self) -> None:
         """Keep the peer set (static URLs, then the DNS name's addresses) and a sender per peer."""

@@ -224,6 +224,10 @@ class PeerSettings:
     dns: str | None = None
     """HOST:PORT of a name listing every replica's address (a headless Service), resolved again every few
     seconds; this router's own address in it is recognised and skipped."""
+    ready_grace: float = 5.0
+    """How long after its start a replica answers ``/readiness`` with 503 while it is not in sync with its peers yet
+    (every one answered a batch), so that it takes traffic with its first requests claimed as the others' are; past
+    it, ready all the same (its peers may all be gone: it serves alone)."""
 
     @property
     def enabled(self) -> bool:
@@ -470,6 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT of a name that lists every replica (a headless Service), resolved every few seconds: each "
         "address is a peer (this router's own is skipped)",
     )
+    add(
+        "--peers-ready-grace",
+        PeerSettings().ready_grace,
+        type=float,
+        help="with peers: /readiness answers 503 until every peer answered (in sync), at most this many seconds after"
+        " the start, so that a new replica takes traffic in sync with the others",
+    )
     return p
 
 
@@ -573,7 +584,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
             parser.error(f"--peers-dns takes HOST:PORT, got {a.peers_dns!r}")
     return Settings(
-        peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None),
+        peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None, ready_grace=a.peers_ready_grace),
         routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import string
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,12 +168,57 @@ def test_a_peer_that_is_down_is_counted_and_the_router_routes_on_without_it(tmp_
         r.stop()
 
 
+def readiness(router: Router) -> tuple[int, str]:
+    status, body = http_json("GET", router.url + "/readiness", timeout=2)
+    return status, body.get("status", "")
+
+
+def test_a_replica_is_ready_once_in_sync_with_its_peers_or_after_the_grace(tmp_path: Path, sims: list[Sim]) -> None:
+    """A new replica takes traffic in sync with the others: ``/readiness`` answers 503 ``peers_not_in_sync`` while a
+    peer has not answered yet, though its workers are routable (its first requests would not claim their prefills:
+    two replicas' first requests on one new prompt made the engine prefill it twice, session 19), and 200 as soon
+    as every peer answered; a peer that never answers holds it back for ``--peers-ready-grace`` seconds at most."""
+    urls = [s.url for s in sims]
+    port_a, port_b, dead = free_ports(3)
+    a = start_router(
+        tmp_path,
+        workers=urls,
+        port=port_a,
+        args=[*ARGS, "--peer", f"http://127.0.0.1:{port_b}", "--peers-ready-grace", "60"],
+    )
+    b = c = None
+    try:
+        a.wait_routable(2)
+        time.sleep(0.5)  # a few of its tries found nobody at b's port
+        assert readiness(a) == (503, "peers_not_in_sync")
+        b = start_router(tmp_path, workers=urls, port=port_b, args=[*ARGS, "--peer", f"http://127.0.0.1:{port_a}"])
+        b.wait_routable(2)
+        wait_until(lambda: readiness(a)[0] == 200 and readiness(b)[0] == 200, timeout=5, what="both ready")
+
+        started = time.monotonic()
+        c = start_router(
+            tmp_path,
+            workers=urls,
+            args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}", "--peers-ready-grace", "4"],
+        )
+        assert readiness(c) == (503, "peers_not_in_sync")  # whether its workers are routable yet or not
+        c.wait_routable(2)
+        wait_until(lambda: readiness(c)[0] == 200, timeout=10, what="ready after the grace")
+        assert time.monotonic() - started >= 4
+        assert metric_value(c.metrics(), "smg_peers_in_sync") == 0  # ready all the same: it serves alone
+    finally:
+        for r in (a, b, c):
+            if r is not None:
+                r.stop()
+
+
 def test_a_dns_name_that_lists_the_router_itself_is_no_peer(tmp_path: Path, sims: list[Sim]) -> None:
     port = free_port("127.0.0.1")
     r = start_router(tmp_path, workers=[sims[0].url], port=port, args=["--peers-dns", f"127.0.0.1:{port}"])
     try:
         r.wait_routable(1)
         wait_until(lambda: "is this router" in r.log(), timeout=10, what="the router finding itself in the name")
+        assert readiness(r)[0] == 200  # alone: nobody to wait for
         served(r, "hello " * 10)
         text = r.metrics()
         assert metric_value(text, "smg_peers_in_sync") == 0
