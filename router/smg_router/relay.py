@@ -65,6 +65,7 @@ class Relay:
         self._streams: set[asyncio.Task[object]] = set()
         self.closing = False
         """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def end_streams(self) -> int:
         """At the shutdown deadline: cancel every stream still running (each ends with an error event and
@@ -112,7 +113,9 @@ class Relay:
         """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
         out = wire.StreamResponse(status=upstream.status, headers=headers)
         await out.prepare(request, hold=upstream.waiting())  # the body is here: the head goes with it, one write
-        task = asyncio.current_task()
+        if self._loop is None:  # asked once: each ask is a getpid(2) on Python 3.11 (its running-loop check)
+            self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task(self._loop)
         assert task is not None
         self._streams.add(task)
         done = False
