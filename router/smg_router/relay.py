@@ -66,6 +66,7 @@ class Relay:
         self.closing = False
         """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the streams run on, asked once (``_stream``)."""
 
     def end_streams(self) -> int:
         """At the shutdown deadline: cancel every stream still running (each ends with an error event and

@@ -199,12 +199,12 @@ def test_a_replica_is_ready_once_in_sync_with_its_peers_or_after_the_grace(tmp_p
         c = start_router(
             tmp_path,
             workers=urls,
-            args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}", "--peers-ready-grace", "4"],
+            args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}", "--peers-ready-grace", "6"],
         )
         assert readiness(c) == (503, "peers_not_in_sync")  # whether its workers are routable yet or not
         c.wait_routable(2)
         wait_until(lambda: readiness(c)[0] == 200, timeout=10, what="ready after the grace")
-        assert time.monotonic() - started >= 4
+        assert time.monotonic() - started >= 6
         assert metric_value(c.metrics(), "smg_peers_in_sync") == 0  # ready all the same: it serves alone
     finally:
         for r in (a, b, c):
