@@ -32,10 +32,18 @@ def test_the_replicas_find_each_other_by_a_headless_service_on_the_port_of_the_a
     for name, value in env.items():  # what the router parses from that environment
         if value is not None:
             monkeypatch.setenv(name, value)
-    assert parse_settings([]).peers.dns == f"smg-router-peers.{NAMESPACE}.svc:{port}"
+    settings = parse_settings([])
+    assert settings.peers.dns == f"smg-router-peers.{NAMESPACE}.svc:{port}"
+    assert settings.peers.ready_grace == 5.0  # Ready once in sync with the peers, at most 5 s after the start
+
+
+def test_the_grace_before_a_replica_is_ready_without_its_peers_is_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _env(render({"router": {"peers": {"readyGraceSeconds": 12.5}}}))
+    monkeypatch.setenv("SMG_PEERS_READY_GRACE", str(env["SMG_PEERS_READY_GRACE"]))
+    assert parse_settings([]).peers.ready_grace == 12.5
 
 
 def test_without_peers_the_replicas_do_not_talk() -> None:
     r = render({"router": {"peers": {"enabled": False}}})
     assert "Service/smg-router-peers" not in r.names()
-    assert "SMG_PEERS_DNS" not in _env(r)
+    assert "SMG_PEERS_DNS" not in _env(r) and "SMG_PEERS_READY_GRACE" not in _env(r)
