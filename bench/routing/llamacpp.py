@@ -414,21 +414,28 @@ def set_kv_capacity(router_url: str, tokens: int) -> None:
             raise RuntimeError(f"PATCH {router_url}/workers/{w['id']}: {status} {got}")
 
 
-def run_pinned(fleet: Fleet, prompts: Sequence[Prompt], a: argparse.Namespace, reference: float) -> dict[str, Any]:
-    """The ``pinned`` cell: the plan sent straight to fresh engines on the reference schedule."""
-    engines = fleet.restart()
+def timed_drive(
+    prompts: Sequence[Prompt], urls: Sequence[str], a: argparse.Namespace, *, pinned: bool = False
+) -> tuple[list[Answer], float]:
+    """``drive`` with the command's settings; its answers and wall seconds."""
     t0 = time.monotonic()
     answers = asyncio.run(
         drive(
             prompts,
-            [e.url for e in engines],
+            urls,
             concurrency=a.concurrency,
             max_tokens=a.max_tokens,
             request_timeout=a.request_timeout,
-            pinned=True,
+            pinned=pinned,
         )
     )
-    wall = time.monotonic() - t0
+    return answers, time.monotonic() - t0
+
+
+def run_pinned(fleet: Fleet, prompts: Sequence[Prompt], a: argparse.Namespace, reference: float) -> dict[str, Any]:
+    """The ``pinned`` cell: the plan sent straight to fresh engines on the reference schedule."""
+    engines = fleet.restart()
+    answers, wall = timed_drive(prompts, [e.url for e in engines], a, pinned=True)
     metrics = summarise(prompts, answers, engine_counters(engines), slots=a.slots)
     pf = metrics["prefill_ms"]
     print(
@@ -510,17 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                         for r in routers:
                             set_kv_capacity(r.url, a.kv_capacity_tokens)
                     try:
-                        t0 = time.monotonic()
-                        answers = asyncio.run(
-                            drive(
-                                prompts,
-                                [r.url for r in routers],
-                                concurrency=a.concurrency,
-                                max_tokens=a.max_tokens,
-                                request_timeout=a.request_timeout,
-                            )
-                        )
-                        wall = time.monotonic() - t0
+                        answers, wall = timed_drive(prompts, [r.url for r in routers], a)
                         decisions = decision_counts(routers) if target.kind == "smg" else {}
                     finally:
                         stop_all(routers, kill=True)

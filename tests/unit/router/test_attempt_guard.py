@@ -627,22 +627,31 @@ async def test_replicas_that_yielded_to_one_turn_claim_again_when_it_ends() -> N
     assert not any(h._claims or h._yielded or h._slots or h._in_claim for h in (a, b, c))
 
 
+def _slot_engine_holds(*heard: str) -> tuple[Any, ...]:
+    """One worker, a slot engine (2 slots), and the ``Holds`` of replica "b" in sync with the peers ``heard``, whose
+    claims the test answers (``_Told``): (worker, registry, metrics, loads, peers, holds)."""
+    from smg_router.attempt import Holds
+    from smg_router.workers.load import LoadView
+
+    worker, registry, metrics = _setup()
+    loads = LoadView(max_age=10.0)
+    loads.record_kv(worker.id, 8192, slots=2)
+    peers = _Told(id="b")
+    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0, loads=loads)
+    for peer in heard:
+        holds.heard(peer)
+    return worker, registry, metrics, loads, peers, holds
+
+
 async def test_a_turn_released_from_its_yield_leads_nothing_until_it_claims_again() -> None:
     """A first turn that yielded to a peer's, released by that turn's end: until its request claims again (its task
     goes on a loop pass later), the router answers a third replica's claim that it leads nothing (it answered that it
     led: two such replicas each yielded to the other and both waited for the hold's bound, 10 s).  A yielded claim
     whose peer's end never comes goes after the hold's bound (``timed_out``)."""
     from smg_router.attempt import Holds
-    from smg_router.workers.load import LoadView
 
-    worker, registry, metrics = _setup()
+    worker, registry, metrics, loads, peers, holds = _slot_engine_holds("a", "c")
     url = worker.url
-    loads = LoadView(max_age=10.0)
-    loads.record_kv(worker.id, 8192, slots=2)
-    peers = _Told(id="b")
-    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0, loads=loads)
-    holds.heard("a")
-    holds.heard("c")
     with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
         holds.arrange(g, "doc A", cold=False, streamed=False)
         assert holds.leads(url, "doc A")  # claiming
@@ -678,16 +687,8 @@ async def test_a_turn_whose_claim_went_leads_before_its_request_resumes() -> Non
     that gap (the claim was gone, the turn still counted as in its claim): the peer's turn ran beside it and the engine
     gave the second another slot (4 replicas on 4 llama.cpp engines, session 19: 2-4 misses a run, found in per-claim
     logs).  Released from a yield instead, it still leads nothing until it claims again (the test above)."""
-    from smg_router.attempt import Holds
-    from smg_router.workers.load import LoadView
-
-    worker, registry, metrics = _setup()
+    worker, registry, metrics, _, peers, holds = _slot_engine_holds("a")
     url = worker.url
-    loads = LoadView(max_age=10.0)
-    loads.record_kv(worker.id, 8192, slots=2)
-    peers = _Told(id="b")
-    holds = Holds(seconds=5.0, metrics=metrics, peers=peers, claim_seconds=5.0, loads=loads)
-    holds.heard("a")
     with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
         holds.arrange(g, "doc A", cold=False, streamed=False)
         going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
