@@ -22,7 +22,6 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
 
 from smg_router import admin, handlers
 from smg_router.core import Handler, Request, RouterCore
@@ -61,6 +60,7 @@ class Dispatcher:
                 self._templated.setdefault(prefix, (name, {}))[1][route.method] = route.handler
             else:
                 self._exact.setdefault(route.path, {})[route.method] = route.handler
+        self._core = core
         s = core.settings.server
         self._admin_port, self._data_port = s.admin_port, s.port
         self._mutations, self._lifecycle = admin.MUTATIONS, admin.MUTATIONS | admin.READS
@@ -75,6 +75,7 @@ class Dispatcher:
         return None, {}
 
     async def __call__(self, request: Request) -> Response:
+        request.core = self._core
         try:
             methods, request.params = self._resolve(request.path)
             if methods is None:
@@ -130,11 +131,11 @@ def _continue(request: Request) -> None:
 
 
 def build_server(core: RouterCore) -> Server:
-    """The server over the dispatcher; every request a ``core.Request`` that knows the core.  A client that
-    goes away cancels its handler, which aborts the upstream request."""
+    """The server over the dispatcher; every request a ``core.Request`` (the dispatcher gives it the core).  A
+    client that goes away cancels its handler, which aborts the upstream request."""
     return Server(
         Dispatcher(core, routes()),
-        make_request=partial(Request, core=core),
+        make_request=Request,
         max_body=core.settings.server.max_payload_size,
         body_timeout=core.settings.server.body_timeout,
         closing=lambda: core.shutting_down,

@@ -195,15 +195,14 @@ async def run_tree_upkeep(policies: PolicyRegistry, *, periodic: bool) -> None:
 
 
 class Request(wire.Request):
-    """A request as the router's handlers see it: the server's, plus the core and the route's path parameters
-    (``params``, set by ``app.Dispatcher``)."""
+    """A request as the router's handlers see it: the server's, plus the core and the route's path parameters, both
+    set by ``app.Dispatcher`` before any handler runs (no constructor of its own: the server makes one per request,
+    and a second layer of keyword arguments cost more than its parsing)."""
 
     __slots__ = ("core", "params")
 
-    def __init__(self, conn: wire.Connection, *, core: RouterCore, **head: Any) -> None:
-        super().__init__(conn, **head)
-        self.core = core
-        self.params: dict[str, str] = {}
+    core: RouterCore
+    params: dict[str, str]
 
 
 Handler = Callable[[Request], Awaitable[wire.Response]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Mapping
 
@@ -81,9 +82,9 @@ class Relay:
     ) -> wire.Response:
         """Pass the worker's answer through; the caller closes the guard."""
         try:
-            headers = response_headers(upstream.headers, guard.worker)
+            head = relayed_head(upstream.headers, guard.worker)
             if req.stream and upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                return await self._stream(request, req, upstream, guard, headers)
+                return await self._stream(request, req, upstream, guard, head)
             try:
                 body = await upstream.read()
             except TimeoutError:
@@ -97,7 +98,7 @@ class Relay:
             guard.answered(upstream.status)
             if self._records(req, upstream.status) and (rid := id_of_body(body)) is not None:
                 self._remember(rid, guard.worker)
-            response = wire.Response(status=upstream.status, body=body, headers=headers)
+            response = wire.Response(status=upstream.status, body=body, head=head)
             response.send_now(request)  # the client has it before the guard's and the metrics' bookkeeping
             return response
         finally:
@@ -109,10 +110,10 @@ class Relay:
         req: ProxyRequest,
         upstream: UpstreamResponse,
         guard: AttemptGuard,
-        headers: dict[str, str],
+        head: bytes,
     ) -> wire.StreamResponse:
         """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
-        out = wire.StreamResponse(status=upstream.status, headers=headers)
+        out = wire.StreamResponse(status=upstream.status, head=head)
         await out.prepare(request, hold=upstream.waiting())  # the body is here: the head goes with it, one write
         if self._loop is None:  # asked once: each ask is a getpid(2) on Python 3.11 (its running-loop check)
             self._loop = asyncio.get_running_loop()
@@ -223,8 +224,13 @@ def error_event(endpoint: str, message: str, *, type: str, code: str) -> bytes:
     return b"data: " + event + b"\n\ndata: [DONE]\n\n"
 
 
-def response_headers(upstream: Mapping[str, str], worker: Worker) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS}
-    headers[WORKER_ID_HEADER] = worker.id
-    headers[ROUTED_WORKER_HEADER] = worker.url
-    return headers
+def relayed_head(upstream: Mapping[str, str], worker: Worker) -> bytes:
+    """The worker's answer headers the client gets, encoded (``wire.Response.head``): all but those of the hop
+    (``DROP_RESPONSE_HEADERS``: the router frames its own answer), then the routed worker's id and URL."""
+    kept = "".join(f"{k}: {v}\r\n" for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS)
+    return (kept + _worker_lines(worker.id, worker.url)).encode("latin-1", "replace")
+
+
+@functools.lru_cache(maxsize=1024)
+def _worker_lines(worker_id: str, url: str) -> str:
+    return f"{WORKER_ID_HEADER}: {worker_id}\r\n{ROUTED_WORKER_HEADER}: {url}\r\n"

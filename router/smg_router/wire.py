@@ -26,19 +26,19 @@ HIGH_WATER = 1 << 20
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _NO_BODY = frozenset({204, 304})
-_date: tuple[int, str] = (0, "")
+_date: tuple[int, bytes] = (0, b"")
 
 
 def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Status {status}\r\n".encode()
 
 
-def http_date() -> str:
-    """The ``Date`` header's value, formatted once per second."""
+def _date_line() -> bytes:
+    """The ``Date`` header line, formatted and encoded once per second."""
     global _date
     now = int(time.time())
     if _date[0] != now:
-        _date = (now, email.utils.formatdate(now, usegmt=True))
+        _date = (now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode())
     return _date[1]
 
 
@@ -239,7 +239,7 @@ class Request:
 class Response:
     """A whole answer: written with its head in one send once the handler returns it."""
 
-    __slots__ = ("body", "headers", "keep_alive", "prepared", "status")
+    __slots__ = ("body", "head", "headers", "keep_alive", "prepared", "status")
 
     def __init__(
         self,
@@ -248,12 +248,17 @@ class Response:
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
         content_type: str | None = None,
+        head: bytes = b"",
     ) -> None:
         self.status = status
         self.body = body
         self.headers: CIMultiDict[str] = CIMultiDict(headers) if headers else CIMultiDict()
         if content_type is not None:
             self.headers["Content-Type"] = content_type
+        self.head = head
+        """Header lines already encoded (``name: value\r\n`` each), sent before ``headers``: a worker's, relayed as
+        one piece (``relay.relayed_head``).  None of them frames the body or the connection (no Date,
+        Content-Length, Transfer-Encoding or Connection): the server adds those."""
         self.keep_alive = True
         self.prepared = False
         """The head went out (a stream's ``prepare``)."""
@@ -266,12 +271,12 @@ class Response:
         """Status line and headers; ``length`` None: a chunked body (HTTP/1.1) or one that ends at the close."""
         if request._conn.closing() or not request.keep_alive or request.too_large:
             self.keep_alive = False
-        out = [_status_line(self.status)]
+        out = [_status_line(self.status), self.head]
         headers = self.headers
         for name, value in headers.items():
             out.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
         if "Date" not in headers:
-            out.append(f"Date: {http_date()}\r\n".encode())
+            out.append(_date_line())
         if self.status not in _NO_BODY and "Content-Length" not in headers:
             if length is not None:
                 out.append(b"Content-Length: %d\r\n" % length)
@@ -311,8 +316,8 @@ class StreamResponse(Response):
 
     __slots__ = ("_chunked", "_held", "_request", "eof")
 
-    def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(status=status, headers=headers)
+    def __init__(self, *, status: int = 200, headers: Mapping[str, str] | None = None, head: bytes = b"") -> None:
+        super().__init__(status=status, headers=headers, head=head)
         self._request: Request | None = None
         self._chunked = False
         self._held = b""

@@ -46,7 +46,7 @@ from smg_router.attempt import AttemptGuard, Attempts, is_retryable
 from smg_router.errors import BadRequest, NotSupported, NoWorkerAvailable, UpstreamError
 from smg_router.metrics import Metrics
 from smg_router.pd import legs
-from smg_router.relay import Relay, response_headers
+from smg_router.relay import Relay, relayed_head
 from smg_router.request import ProxyRequest
 from smg_router.settings import RetrySettings
 from smg_router.upstream import Upstream, UpstreamResponse
@@ -238,4 +238,4 @@ class VllmDispatcher:
         finally:
             resp.abort()
         guard.answered(resp.status)
-        return wire.Response(status=resp.status, body=data, headers=response_headers(resp.headers, guard.worker))
+        return wire.Response(status=resp.status, body=data, head=relayed_head(resp.headers, guard.worker))
