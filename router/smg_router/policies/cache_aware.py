@@ -90,6 +90,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from smg_router.metrics import CounterSeries, Metrics
 from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, prefill_wait
 from smg_router.policies.placement import (
     placement_key,
@@ -108,6 +109,28 @@ ALONE_SLACK = 1
 at most this many requests busier than the least loaded of them (module docstring, 4)."""
 UNKNOWN_SLOTS = 16
 """Placement keys kept for a worker whose engine has not said yet whether it keeps one prompt per slot."""
+
+
+class _Counts:
+    """One model's decision series, resolved on its first decision and kept (model-labelled series are never
+    removed): a ``labels()`` per metric per request cost more than the counting itself (issue 12)."""
+
+    __slots__ = ("_branches", "_decisions", "_labels", "chosen", "fleet", "hits", "misses", "ratio")
+
+    def __init__(self, metrics: Metrics, model: str, role: str) -> None:
+        self.ratio = metrics.match_ratio.labels(model, role)
+        self.hits = metrics.cache_hits.labels(model, role)
+        self.misses = metrics.cache_misses.labels(model, role)
+        self.fleet = metrics.matched_chars.labels(model, role, "fleet")
+        self.chosen = metrics.matched_chars.labels(model, role, "chosen")
+        self._decisions, self._labels = metrics.decisions, (model, role)
+        self._branches: dict[str, CounterSeries] = {}
+
+    def decided(self, branch: str) -> None:
+        series = self._branches.get(branch)
+        if series is None:
+            series = self._branches[branch] = self._decisions.labels(*self._labels, branch)
+        series.inc()
 
 
 def _least(among: list[int], key: Callable[[int], Any]) -> list[int]:
@@ -139,6 +162,12 @@ class CacheAwarePolicy(Policy):
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
+        self._caps: dict[str, int | None] = {}
+        self._caps_version = (-1, -1)
+        """``tenant_cap``'s answers, kept while the capacities behind them stay the same (``LoadView.kv_version``,
+        ``sync``): asked for every worker on every miss."""
+        self._counts: dict[str, _Counts] = {}
+        """model -> its decision series (``_Counts``)."""
         self._held: dict[str, OrderedDict[int, None]] = {}
         """worker url -> placement keys of the last prompts this router sent it, oldest first, at most one per slot,
         for a worker whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold.
@@ -263,14 +292,14 @@ class CacheAwarePolicy(Policy):
         text: str,
         head: int,
     ) -> int:
-        m, role, s = self.ctx.metrics, self.ctx.role, self.ctx.settings
+        s = self.ctx.settings
+        counts = self._counts.get(model)
+        if counts is None:
+            counts = self._counts[model] = _Counts(self.ctx.metrics, model, self.ctx.role)
         rate = match.matched_chars / len(text) if text else 0.0
-        m.match_ratio.labels(model, role).observe(rate)
-        if rate > s.cache_threshold:
-            m.cache_hits.labels(model, role).inc()
-        else:
-            m.cache_misses.labels(model, role).inc()
-        m.matched_chars.labels(model, role, "fleet").inc(match.matched_chars)
+        counts.ratio.observe(rate)
+        (counts.hits if rate > s.cache_threshold else counts.misses).inc()
+        counts.fleet.inc(match.matched_chars)
         key_text = self._key_text(text, head)
         ok = within_gate(loads, s)
         # in a conversation the tree decides only when it knows what placement looks at (the head's leading
@@ -289,13 +318,13 @@ class CacheAwarePolicy(Policy):
                 if warming:
                     home = self._place(workers, ok, key_text)
                     if home in warming and home not in holders and loads[home] <= loads[best]:
-                        m.decisions.labels(model, role, "warmup").inc()
+                        counts.decided("warmup")
                         return home
-                m.decisions.labels(model, role, "hit").inc()
-                m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
+                counts.decided("hit")
+                counts.chosen.inc(match.matched_chars)
                 return best
             if holders:
-                m.decisions.labels(model, role, "spill").inc()
+                counts.decided("spill")
                 self.fallback(model, "imbalance")
                 if self.ctx.peers.in_sync():  # replicas agree where a hot prefix spills (module docstring, 4)
                     return self._place(workers, ok, key_text)
@@ -305,8 +334,8 @@ class CacheAwarePolicy(Policy):
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
         chosen = self._place_new(workers, loads, ok, key_text, tree, len(text))
         if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
-            m.matched_chars.labels(model, role, "chosen").inc(match.matched_chars)
-        m.decisions.labels(model, role, "namespace" if text.startswith(NAMESPACE_MARK) else "miss").inc()
+            counts.chosen.inc(match.matched_chars)
+        counts.decided("namespace" if text.startswith(NAMESPACE_MARK) else "miss")
         return chosen
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
@@ -338,13 +367,19 @@ class CacheAwarePolicy(Policy):
             among = rendezvous_ranked(workers, ok, key, s.placement_choices)
         else:
             among = [i for i, fits in enumerate(ok) if fits]
-        least = min(loads[i] for i in among)
+        if len(among) == 1:
+            return among[0]
         # one criterion after the other, each asked only of the workers the ones before left tied (under load the
         # prefill order alone decides, and the room checks are not made); a criterion that ties them all by
         # construction is not asked (no slot engine among them, none prefilling, none past the slack): the same
-        # choice, without a call per worker per criterion on every miss (issue 12)
+        # choice, without a call per worker per criterion on every miss (issue 12).  One pass finds which those are.
         slots = self.ctx.loads.slots
-        waits = lambda i: prefill_wait(workers[i])  # noqa: E731
+        least, prefilling, slot_engines = loads[among[0]], False, False
+        for i in among:
+            w = workers[i]
+            least = min(least, loads[i])
+            prefilling = prefilling or w.prefilling > 0
+            slot_engines = slot_engines or slots(w.id) is not None
 
         def full(i: int) -> bool:
             return not self._has_room(tree, workers[i], size, key)
@@ -352,19 +387,19 @@ class CacheAwarePolicy(Policy):
         def slots_full(i: int) -> bool:
             return slots(workers[i].id) is not None and full(i)
 
-        prefilling = (waits,) if any(workers[i].prefilling for i in among) else ()
+        waits: tuple[Callable[[int], Any], ...] = ((lambda i: prefill_wait(workers[i])),) if prefilling else ()
         criteria: tuple[Callable[[int], Any], ...]
         if alone:  # a slot engine without a free slot would evict a whole prompt: room first there
-            slot_engines = any(slots(workers[i].id) is not None for i in among)
-            criteria = ((slots_full,) if slot_engines else ()) + prefilling + (full,)
+            criteria = ((slots_full,) if slot_engines else ()) + waits + (full,)
         else:  # in sync: it knows what the fleet holds from every replica's routes, the prefills only from its own
-            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), *prefilling)
+            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), *waits)
         for criterion in criteria:
             if len(among) == 1:
                 return among[0]
             among = _least(among, criterion)
-        if any(loads[i] - least > ALONE_SLACK for i in among):
-            among = _least(among, lambda i: max(0, loads[i] - least - ALONE_SLACK))
+        slack = least + ALONE_SLACK
+        if len(among) > 1 and max(loads[i] for i in among) > slack:
+            among = _least(among, lambda i: max(0, loads[i] - slack))
         return among[0] if len(among) == 1 else max(among, key=lambda i: rendezvous_score(key, workers[i].id))
 
     def _sends_the_traffic(self) -> bool:
@@ -439,13 +474,18 @@ class CacheAwarePolicy(Policy):
         better, e.g. an engine that reports its whole pool though a share is reserved, or one that reports none,
         as llama.cpp's server), else what its engine reports (``max_total_num_tokens``, as last polled).  None
         when neither is known or the cap is off (tree_chars_per_token 0)."""
+        version = (self.ctx.loads.kv_version, self._syncs)
+        if version != self._caps_version:  # a capacity changed (a poll, a spec): worked out again as asked
+            self._caps.clear()
+            self._caps_version = version
+        if tenant in self._caps:
+            return self._caps[tenant]
         per_token = self.ctx.settings.tree_chars_per_token
-        if per_token <= 0:
-            return None
         tokens = self._kv_set.get(tenant)
         if tokens is None:
             tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant))
-        return None if tokens is None else max(1, int(tokens * per_token))
+        cap = self._caps[tenant] = None if tokens is None or per_token <= 0 else max(1, int(tokens * per_token))
+        return cap
 
     def count_evicted(self, model: str, chars: int) -> None:
         if chars:
