@@ -159,7 +159,8 @@ class Relay:
                     self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
                 try:
                     # waits while the client is slow (backpressure); the body's end goes with its last bytes
-                    await out.write(chunk, last=upstream.finished())
+                    if out.write_now(chunk, last=upstream.finished()):
+                        await out.drain()
                 except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
                     req.client_gone = True
                     return out

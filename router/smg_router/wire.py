@@ -340,12 +340,19 @@ class StreamResponse(Response):
     async def write(self, data: bytes, *, last: bool = False) -> None:
         """Send a chunk (``last``: and the end of the body); waits while the client is slow;
         ``ConnectionResetError`` once it is gone."""
+        if self.write_now(data, last=last):
+            assert self._request is not None
+            await self._request._conn.drain()
+
+    def write_now(self, data: bytes, *, last: bool = False) -> bool:
+        """``write`` without the wait: whether the client reads slower than we write (the caller then awaits
+        ``drain`` before its next write).  A relay's loop calls it for every chunk: no coroutine for each."""
         assert self._request is not None, "prepare() first"
         conn = self._request._conn
         if conn.closed:
             raise ConnectionResetError("the client closed the connection")
         if not data and not last:
-            return
+            return False
         out = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked and data else data
         if last:
             self.eof = True
@@ -354,8 +361,12 @@ class StreamResponse(Response):
         if self._held:
             out, self._held = self._held + out, b""
         conn.write(out)
-        if last or conn.write_paused:
-            await conn.drain()
+        return conn.write_paused
+
+    async def drain(self) -> None:
+        """Wait while the client reads slower than we write; ``ConnectionResetError`` once it is gone."""
+        assert self._request is not None, "prepare() first"
+        await self._request._conn.drain()
 
     async def write_eof(self) -> None:
         if self.eof:

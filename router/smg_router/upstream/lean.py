@@ -87,6 +87,7 @@ class _Conn(asyncio.Protocol):
         if self.complete:
             self.close()  # stray bytes between a final response and the next request: not ours to hand on
             return
+        self.last_data = self._loop.time()  # once a read, not once a chunk of it (the idle bound's clock)
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
@@ -144,18 +145,18 @@ class _Conn(asyncio.Protocol):
             return
         self.status = status
         self.headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
-        self.last_data = self._loop.time()
         if not self.headers_done.done():
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.last_data = self._loop.time()
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         if self._parser.get_status_code() < 200:
@@ -290,33 +291,28 @@ class LeanResponse:
         self.status = conn.status
         self.headers: Mapping[str, str] = conn.headers
 
-    async def _next(self) -> bytes | None:
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.next_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def next_chunk(self) -> bytes:
+        """The body bytes that arrived since the last call (waiting for some); b"" at the body's end, when the
+        connection goes back to the pool.  One coroutine a chunk: a stream's relay calls it for every read."""
         conn = self._conn
         while not conn.chunks:
             if conn.error is not None:
                 raise conn.error
             if conn.complete:
-                return None
+                self.release()
+                return b""
             conn.waiter = conn._loop.create_future()
             try:
                 await conn.waiter
             finally:
                 conn.waiter = None
         return conn.take()
-
-    async def read(self) -> bytes:
-        parts = []
-        while (chunk := await self._next()) is not None:
-            parts.append(chunk)
-        self.release()
-        return b"".join(parts)
-
-    async def next_chunk(self) -> bytes:
-        chunk = await self._next()
-        if chunk is None:
-            self.release()
-            return b""
-        return chunk
 
     def waiting(self) -> bool:
         conn = self._conn
