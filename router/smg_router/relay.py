@@ -112,7 +112,9 @@ class Relay:
         guard: AttemptGuard,
         head: bytes,
     ) -> wire.StreamResponse:
-        """SSE through as it arrives.  The worker's reads are awaited inline: this loop runs for every chunk."""
+        """SSE through as it arrives: each read of the worker's stream goes to the client from within the read
+        (``UpstreamResponse.pipe``, the sink ``_Passing.pass_on``); this coroutine wakes when the client is slow, the
+        stream ends or fails, not for every read."""
         out = wire.StreamResponse(status=upstream.status, head=head)
         await out.prepare(request, hold=upstream.waiting())  # the body is here: the head goes with it, one write
         if self._loop is None:  # asked once: each ask is a getpid(2) on Python 3.11 (its running-loop check)
@@ -120,16 +122,11 @@ class Relay:
         task = asyncio.current_task(self._loop)
         assert task is not None
         self._streams.add(task)
-        done = False
-        """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
-        last = LAST_EVENT.get(req.endpoint)
-        scan: bytearray | None = bytearray() if self._records(req, upstream.status) else None
-        """The stream's start, until its response id was found (Responses only)."""
+        passing = _Passing(self, req, out, guard)
         try:
-            first = True
             while True:
                 try:
-                    chunk = await upstream.next_chunk()
+                    ended = await upstream.pipe(passing.pass_on)
                 except TimeoutError:
                     guard.failed()
                     await _end_with_error(
@@ -150,30 +147,18 @@ class Relay:
                         code="upstream_disconnected",
                     )
                     return out
-                if not chunk:
-                    break  # the worker's body ended
-                if first:
-                    first = False
-                    guard.started()
-                    ttft = time.perf_counter() - req.started
-                    self._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(ttft)
-                try:
-                    # waits while the client is slow (backpressure); the body's end goes with its last bytes
-                    if out.write_now(chunk, last=upstream.finished()):
-                        await out.drain()
-                except ConnectionError:  # the client hung up; the finally of relay() cuts the worker off
+                if passing.gone:  # the client hung up; the finally of relay() cuts the worker off
                     req.client_gone = True
                     return out
-                done = chunk.endswith(SSE_DONE) or (last is not None and last in chunk)
-                if scan is not None:
-                    scan += chunk
-                    if (rid := id_of_events(bytes(scan))) is not None:
-                        self._remember(rid, guard.worker)
-                        scan = None
-                    elif len(scan) > SCAN_LIMIT:
-                        scan = None
+                if ended:
+                    break
+                try:
+                    await out.drain()  # the client reads slower than the worker writes (backpressure)
+                except ConnectionError:
+                    req.client_gone = True
+                    return out
         except asyncio.CancelledError:
-            if done:  # the client left after the last event, before the worker closed its stream: served
+            if passing.done:  # the client left after the last event, before the worker closed its stream: served
                 task.uncancel()
                 guard.answered(upstream.status)
                 return out
@@ -201,6 +186,47 @@ class Relay:
     def _remember(self, response_id: str, worker: Worker) -> None:
         assert self.response_ids is not None
         self.response_ids.remember(response_id, worker.id)
+
+
+class _Passing:
+    """One stream's chunks on their way to the client (``Relay._stream``): ``pass_on`` is the sink of
+    ``UpstreamResponse.pipe``, called from within the worker connection's reads, so it raises nothing."""
+
+    __slots__ = ("_guard", "_last", "_out", "_relay", "_req", "done", "first", "gone", "scan")
+
+    def __init__(self, relay: Relay, req: ProxyRequest, out: wire.StreamResponse, guard: AttemptGuard) -> None:
+        self._relay, self._req, self._out, self._guard = relay, req, out, guard
+        self._last = LAST_EVENT.get(req.endpoint)
+        self.first = True
+        self.done = False
+        """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
+        self.gone = False
+        """The client went away (a write found its connection closed)."""
+        self.scan: bytearray | None = bytearray() if relay._records(req, out.status) else None
+        """The stream's start, until its response id was found (Responses only)."""
+
+    def pass_on(self, chunk: bytes, last: bool) -> bool:
+        """Write a piece of the stream (``last``: the body's end goes with it); whether to go on at once (False:
+        the client is slow, or gone)."""
+        if self.first:
+            self.first = False
+            self._guard.started()
+            req = self._req
+            self._relay._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
+        try:
+            slow = self._out.write_now(chunk, last=last)
+        except ConnectionError:
+            self.gone = True
+            return False
+        self.done = chunk.endswith(SSE_DONE) or (self._last is not None and self._last in chunk)
+        if self.scan is not None:
+            self.scan += chunk
+            if (rid := id_of_events(bytes(self.scan))) is not None:
+                self._relay._remember(rid, self._guard.worker)
+                self.scan = None
+            elif len(self.scan) > SCAN_LIMIT:
+                self.scan = None
+        return not slow
 
 
 async def _end_with_error(out: wire.StreamResponse, endpoint: str, message: str, *, type: str, code: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Protocol
 
 
@@ -21,6 +21,12 @@ class UpstreamResponse(Protocol):
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end (the connection is
         then released).  The stream relay's loop: a plain coroutine per chunk, no async generator."""
+        ...
+
+    async def pipe(self, sink: Callable[[bytes, bool], bool]) -> bool:
+        """The body to ``sink(chunk, last)`` as it arrives (``last``: the body ends with it, when known), until it
+        ends (True; the connection is then released) or ``sink`` returns False (False: call again to go on).  The
+        stream relay's loop: where the transport can, ``sink`` runs from within each read, waking nobody."""
         ...
 
     def waiting(self) -> bool:

@@ -20,13 +20,15 @@ import asyncio
 import collections
 import math
 import select
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
 
 from smg_router.upstream.base import UpstreamConnectError
 
+Sink = Callable[[bytes, bool], bool]
+"""Takes a piece of a response body and whether the body ends with it; returns whether to go on (``pipe``)."""
 HIGH_WATER = 256 * 1024
 """Buffered body bytes above which reading from the worker pauses until the proxy catches up."""
 MAX_IDLE_PER_HOST = 256
@@ -75,6 +77,12 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
+        self.sink: Sink | None = None
+        """While set (``LeanResponse.pipe``), each read's body bytes go to it from within the read, instead of waking
+        the reader for them."""
+        self.detached = False
+        """The sink asked to stop (or raised: ``sink_error``): the reader's ``pipe`` returns."""
+        self.sink_error: Exception | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,7 +99,25 @@ class _Conn(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            if self.sink is not None and self.chunks:
+                self._push()  # what was framed well before the fault goes on first, as a reader would take it
             self._unparsable(e)
+            return
+        if self.sink is not None and self.chunks:
+            self._push()
+
+    def _push(self) -> None:
+        """This read's body bytes to the sink, in one piece; the reader is woken only when the sink stops."""
+        sink = self.sink
+        assert sink is not None
+        chunk = self.take()
+        try:
+            go_on = sink(chunk, self.complete)
+        except Exception as e:  # raised again by the reader (``pipe``), in its task: nothing escapes a read
+            self.sink_error, go_on = e, False
+        if not go_on:
+            self.sink, self.detached = None, True
+            self._wake()
 
     def _unparsable(self, e: Exception) -> None:
         """Before the headers a connect error (retried elsewhere); after them an OSError, as a broken-off body."""
@@ -154,9 +180,10 @@ class _Conn(asyncio.Protocol):
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self.sink is None:  # piped, the bytes go to the sink once the read is parsed (``_push``)
+            waiter = self.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         if self._parser.get_status_code() < 200:
@@ -313,6 +340,37 @@ class LeanResponse:
             finally:
                 conn.waiter = None
         return conn.take()
+
+    async def pipe(self, sink: Sink) -> bool:
+        """The body to ``sink(chunk, last)`` as it arrives, from within each read of the connection: no wake-up of
+        this coroutine a read (a stream's relay: about three reads a request).  True at the body's end (the
+        connection is released); False once ``sink`` returned False (the caller waits for its client, then pipes
+        again); raises what ``next_chunk`` raises, and what ``sink`` raised."""
+        conn = self._conn
+        if conn.chunks and not sink(conn.take(), conn.complete):
+            return False
+        while True:
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete and not conn.chunks:
+                self.release()
+                return True
+            if conn.chunks:  # arrived meanwhile, with no sink to take them
+                if not sink(conn.take(), conn.complete):
+                    return False
+                continue
+            conn.sink, conn.detached = sink, False
+            conn.waiter = conn._loop.create_future()
+            try:
+                await conn.waiter
+            finally:
+                conn.waiter = conn.sink = None
+            if conn.sink_error is not None:
+                error, conn.sink_error = conn.sink_error, None
+                raise error
+            if conn.detached:
+                conn.detached = False
+                return False
 
     def waiting(self) -> bool:
         conn = self._conn

@@ -8,7 +8,7 @@ read, a silence longer than the stream-idle timeout is a ``TimeoutError`` and a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -54,6 +54,13 @@ class SessionResponse:
         if not chunk:
             self._resp.release()
         return chunk
+
+    async def pipe(self, sink: Callable[[bytes, bool], bool]) -> bool:
+        """``UpstreamResponse.pipe`` by reading: a chunk a wake-up (https is not the hot path)."""
+        while chunk := await self.next_chunk():
+            if not sink(chunk, False):
+                return False
+        return True
 
     def waiting(self) -> bool:
         return False  # aiohttp's reader does not say without reading

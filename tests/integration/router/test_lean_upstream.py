@@ -107,6 +107,38 @@ async def test_chunked_stream_arrives_in_order(server, client) -> None:
     assert body == b"".join(f"data: {i}\n\n".encode() for i in range(20))
 
 
+async def test_a_piped_stream_reaches_its_sink_whole_and_in_order_and_says_where_it_stopped(server, client) -> None:
+    srv, url = server
+    r = await client.post(url + "/stream?n=30&gap=0.002", b"", {})
+    got: list[tuple[bytes, bool]] = []
+
+    def sink(chunk: bytes, last: bool) -> bool:
+        got.append((chunk, last))
+        return len(got) != 3  # the third piece asks to stop: pipe returns, the rest waits for the next pipe
+
+    assert await r.pipe(sink) is False and len(got) == 3
+    assert await r.pipe(lambda chunk, last: bool(got.append((chunk, last))) or True) is True
+    assert b"".join(c for c, _ in got) == b"".join(f"data: {i}\n\n".encode() for i in range(30))
+    assert [last for _, last in got].count(True) <= 1 and not any(last for _, last in got[:-1])
+    r2 = await client.post(url + "/echo", b"again", {})  # released at the end: the connection serves the next one
+    assert await r2.read() == b"echo:again"
+    assert srv.peers[-1] == srv.peers[-2]
+
+
+async def test_what_a_sink_raises_the_pipe_raises_and_the_connection_is_not_reused(server, client) -> None:
+    srv, url = server
+    r = await client.post(url + "/stream?n=5&gap=0.01", b"", {})
+
+    def sink(chunk: bytes, last: bool) -> bool:
+        raise RuntimeError("a bug in the sink")
+
+    with pytest.raises(RuntimeError, match="a bug in the sink"):
+        await r.pipe(sink)
+    r.abort()
+    assert await (await client.post(url + "/echo", b"1", {})).read() == b"echo:1"
+    assert srv.peers[-1] != srv.peers[-2]  # a fresh connection: the broken-off one was closed
+
+
 async def test_a_slow_reader_pauses_the_worker(server, client) -> None:
     srv, url = server
     r = await client.post(url + "/stream?n=2000&pad=16384", b"", {})  # 32 MB: more than the kernel buffers
