@@ -168,6 +168,8 @@ NAMESPACE_FIELDS = ("cache_salt", "lora_path", "lora_name", "extra_key")
 def cache_namespace(body: dict[str, Any]) -> str:
     """The routing text's namespace marker ("" for none): ``\x00field=value;...\x00`` before the prompt, so
     two namespaces never match each other's prefixes in the tree, and a new one is placed on its own."""
+    if body.keys().isdisjoint(NAMESPACE_FIELDS):
+        return ""  # the usual request: one set operation, no field looked up one by one
     parts = [f"{k}={v!r}" for k in NAMESPACE_FIELDS if (v := body.get(k)) not in (None, "", [])]
     return f"\x00{';'.join(parts)}\x00" if parts else ""
 
