@@ -1,9 +1,10 @@
 """Relaying a worker's answer to the client, for the regular and the PD paths alike.
 
-A non-streaming answer is read whole and returned; an SSE answer to a streaming request is passed
-through chunk by chunk as it arrives, waiting while the client is slow (backpressure).  The attempt's
-guard learns the outcome: the status once the body is complete, or a failure when the worker's side
-times out or breaks off.  A stream that fails after its first byte ends with an OpenAI-shaped error event
+A non-streaming answer is read whole and returned; an SSE answer to a streaming request is passed through as it
+arrives, each read of the worker's connection written to the client from within that read
+(``UpstreamResponse.pipe``), stopping while the client is slow (backpressure: the worker's connection is not read
+meanwhile).  The attempt's guard learns the outcome: the status once the body is complete, or a failure when the
+worker's side times out or breaks off.  A stream that fails after its first byte ends with an OpenAI-shaped error event
 and ``data: [DONE]`` (never a second response, never a cut chunked encoding); a non-streaming answer the
 worker breaks off becomes a 502.  A client that goes away cancels the handler; the connection to the
 worker is then aborted, so the worker stops generating.

@@ -20,7 +20,7 @@ class UpstreamResponse(Protocol):
     async def read(self) -> bytes: ...
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end (the connection is
-        then released).  The stream relay's loop: a plain coroutine per chunk, no async generator."""
+        then released).  A plain coroutine per chunk, no async generator (a stream's relay uses ``pipe``)."""
         ...
 
     async def pipe(self, sink: Callable[[bytes, bool], bool]) -> bool:
