@@ -161,6 +161,46 @@ async def test_a_worker_silent_mid_body_past_the_idle_timeout_is_a_timeout_error
         r.abort()
 
 
+async def test_a_piped_body_reaches_the_sink_in_order_and_piping_again_goes_on_where_the_sink_stopped(
+    make_client,
+) -> None:
+    client = await make_client(first_byte=5, idle=5)
+    async with asyncio.timeout(LIMIT), raw_worker(trickle(gap=0.01, count=12)) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        got: list[bytes] = []
+
+        def stop_after_four(chunk: bytes, last: bool) -> bool:
+            got.append(chunk)
+            return len(got) < 4
+
+        assert await r.pipe(stop_after_four) is False and len(got) == 4
+        assert await r.pipe(lambda chunk, last: got.append(chunk) is None) is True
+        assert b"".join(got) == b"".join(b"data: %d\n\n" % i for i in range(12))
+
+
+async def test_a_piped_stream_silent_past_the_idle_timeout_is_a_timeout_error(make_client) -> None:
+    client = await make_client(first_byte=5, idle=0.5)
+    async with asyncio.timeout(LIMIT), raw_worker(one_event_then_silence) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await r.pipe(lambda chunk, last: got.append(chunk) is None)
+        assert b"".join(got) == b"data: 1\n\n"
+        assert 0.45 <= time.monotonic() - t0 < 3
+        r.abort()
+
+
+async def test_a_piped_body_the_worker_breaks_off_is_an_os_error_not_a_timeout(make_client) -> None:
+    client = await make_client(first_byte=5, idle=5)
+    async with asyncio.timeout(LIMIT), raw_worker(reset_mid_body) as url:
+        r = await client.post(url + "/v1/completions", b"{}", {})
+        with pytest.raises(OSError) as caught:
+            await r.pipe(lambda chunk, last: True)
+        assert not isinstance(caught.value, TimeoutError), caught.value
+        r.abort()
+
+
 async def test_the_idle_timeout_bounds_each_gap_not_the_whole_body(make_client) -> None:
     client = await make_client(first_byte=0.5, idle=0.6)
     async with asyncio.timeout(LIMIT), raw_worker(trickle(gap=0.2, count=10)) as url:
