@@ -191,7 +191,8 @@ class Relay:
 
 class _Passing:
     """One stream's chunks on their way to the client (``Relay._stream``): ``pass_on`` is the sink of
-    ``UpstreamResponse.pipe``, called from within the worker connection's reads, so it raises nothing."""
+    ``UpstreamResponse.pipe``, called from within the worker connection's reads (the client gone is a state, not an
+    exception; anything else it raised, ``pipe`` raises again in the relay's task)."""
 
     __slots__ = ("_guard", "_last", "_out", "_relay", "_req", "done", "first", "gone", "scan")
 

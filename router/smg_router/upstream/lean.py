@@ -347,18 +347,16 @@ class LeanResponse:
         connection is released); False once ``sink`` returned False (the caller waits for its client, then pipes
         again); raises what ``next_chunk`` raises, and what ``sink`` raised."""
         conn = self._conn
-        if conn.chunks and not sink(conn.take(), conn.complete):
-            return False
         while True:
-            if conn.error is not None:
-                raise conn.error
-            if conn.complete and not conn.chunks:
-                self.release()
-                return True
-            if conn.chunks:  # arrived meanwhile, with no sink to take them
+            if conn.chunks:  # arrived while nothing was piped: first, as a reader would take them
                 if not sink(conn.take(), conn.complete):
                     return False
                 continue
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                self.release()
+                return True
             conn.sink, conn.detached = sink, False
             conn.waiter = conn._loop.create_future()
             try:
