@@ -211,12 +211,8 @@ class AttemptGuard:
 
     def _publish(self) -> None:
         w = self.worker
-        series = w.inflight_series
-        if series is None:
-            if self._registry.get(w.id) is not w:
-                return  # a removed worker's series must not come back
-            series = w.inflight_series = self._metrics.worker_inflight.labels(w.url, w.role)
-        series.set(w.inflight)
+        if self._registry.get(w.id) is w:  # a removed worker's series must not come back
+            self._metrics.worker_inflight.labels(w.url, w.role).set(w.inflight)
 
 
 PEER_SILENCE = 3.5

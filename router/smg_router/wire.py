@@ -341,8 +341,7 @@ class StreamResponse(Response):
         """Send a chunk (``last``: and the end of the body); waits while the client is slow;
         ``ConnectionResetError`` once it is gone."""
         if self.write_now(data, last=last):
-            assert self._request is not None
-            await self._request._conn.drain()
+            await self.drain()
 
     def write_now(self, data: bytes, *, last: bool = False) -> bool:
         """``write`` without the wait: whether the client reads slower than we write (the caller then awaits

@@ -74,7 +74,6 @@ class Lifecycle:
         self.registry.respec(worker, spec)
         if spec.role != old_role:
             self.metrics.forget_worker(worker.url, old_role)
-            worker.inflight_series = None
         self._changed(worker, "updated")
         log.info("worker updated: %s role=%s model=%s labels=%s", spec.url, spec.role, spec.model_id, spec.labels)
         return worker
@@ -105,7 +104,6 @@ class Lifecycle:
         self.policies.sync(self.registry)
         self.loads.forget(worker.id)
         self.metrics.forget_worker(worker.url, worker.role)
-        worker.inflight_series = None
         self.metrics.lifecycle_events.labels("removed", worker.role).inc()
         log.info("worker removed: %s (drained=%s)", worker.url, drained)
         return drained

@@ -162,10 +162,6 @@ class CacheAwarePolicy(Policy):
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
-        self._caps: dict[str, int | None] = {}
-        self._caps_version = (-1, -1)
-        """``tenant_cap``'s answers, kept while the capacities behind them stay the same (``LoadView.kv_version``,
-        ``sync``): asked for every worker on every miss."""
         self._counts: dict[str, _Counts] = {}
         """model -> its decision series (``_Counts``)."""
         self._held: dict[str, OrderedDict[int, None]] = {}
@@ -474,18 +470,13 @@ class CacheAwarePolicy(Policy):
         better, e.g. an engine that reports its whole pool though a share is reserved, or one that reports none,
         as llama.cpp's server), else what its engine reports (``max_total_num_tokens``, as last polled).  None
         when neither is known or the cap is off (tree_chars_per_token 0)."""
-        version = (self.ctx.loads.kv_version, self._syncs)
-        if version != self._caps_version:  # a capacity changed (a poll, a spec): worked out again as asked
-            self._caps.clear()
-            self._caps_version = version
-        if tenant in self._caps:
-            return self._caps[tenant]
         per_token = self.ctx.settings.tree_chars_per_token
+        if per_token <= 0:
+            return None
         tokens = self._kv_set.get(tenant)
         if tokens is None:
             tokens = self.ctx.loads.kv_tokens(worker_id_for(tenant))
-        cap = self._caps[tenant] = None if tokens is None or per_token <= 0 else max(1, int(tokens * per_token))
-        return cap
+        return None if tokens is None else max(1, int(tokens * per_token))
 
     def count_evicted(self, model: str, chars: int) -> None:
         if chars:

@@ -80,9 +80,8 @@ class _Conn(asyncio.Protocol):
         self.sink: Sink | None = None
         """While set (``LeanResponse.pipe``), each read's body bytes go to it from within the read, instead of waking
         the reader for them."""
-        self.detached = False
-        """The sink asked to stop (or raised: ``sink_error``): the reader's ``pipe`` returns."""
         self.sink_error: Exception | None = None
+        """What the sink raised (it is then detached): the reader's ``pipe`` raises it."""
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -116,7 +115,7 @@ class _Conn(asyncio.Protocol):
         except Exception as e:  # raised again by the reader (``pipe``), in its task: nothing escapes a read
             self.sink_error, go_on = e, False
         if not go_on:
-            self.sink, self.detached = None, True
+            self.sink = None  # detached: the reader's ``pipe`` returns
             self._wake()
 
     def _unparsable(self, e: Exception) -> None:
@@ -357,17 +356,17 @@ class LeanResponse:
             if conn.complete:
                 self.release()
                 return True
-            conn.sink, conn.detached = sink, False
+            conn.sink = sink
             conn.waiter = conn._loop.create_future()
             try:
                 await conn.waiter
             finally:
+                detached = conn.sink is None  # the sink stopped (or raised) while we waited
                 conn.waiter = conn.sink = None
             if conn.sink_error is not None:
                 error, conn.sink_error = conn.sink_error, None
                 raise error
-            if conn.detached:
-                conn.detached = False
+            if detached:
                 return False
 
     def waiting(self) -> bool:

@@ -26,7 +26,7 @@ class LoadView:
     counts a ``no_load_data`` fallback).
     """
 
-    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "_slots", "kv_version", "max_age")
+    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "_slots", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
@@ -39,9 +39,6 @@ class LoadView:
         """worker id -> decayed sums over its polls of (this router's in-flight, the backlog)"""
         self._ours = self._seen = 0.0
         """The same sums over every worker (kept up to date by ``record`` and ``forget``)."""
-        self.kv_version = 0
-        """Counts the changes of any capacity or slot count (``record_kv``, ``forget``): what was worked out from them
-        holds while it stays the same."""
 
     def record(self, worker_id: str, load: int, *, at: float | None = None, inflight: int = 0) -> None:
         """A poll's backlog (the engine's KV capacity comes by ``record_kv``).
@@ -56,14 +53,11 @@ class LoadView:
     def record_kv(self, worker_id: str, tokens: int, *, slots: int | None = None) -> None:
         """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``), and
         ``slots`` for an engine that keeps the KV of one prompt per slot (llama.cpp's server)."""
-        if self._kv_tokens.get(worker_id) != tokens or (slots is not None and self._slots.get(worker_id) != slots):
-            self.kv_version += 1
         self._kv_tokens[worker_id] = tokens
         if slots is not None:
             self._slots[worker_id] = slots
 
     def forget(self, worker_id: str) -> None:
-        self.kv_version += 1
         self._entries.pop(worker_id, None)
         self._kv_tokens.pop(worker_id, None)
         self._slots.pop(worker_id, None)

@@ -9,7 +9,6 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-from smg_router.metrics import GaugeSeries
 from smg_router.workers.breaker import CircuitBreaker
 
 ROLES = ("regular", "prefill", "decode")
@@ -145,7 +144,6 @@ class Worker:
         "held",
         "id",
         "inflight",
-        "inflight_series",
         "joining",
         "prefill_chars",
         "prefilling",
@@ -162,9 +160,6 @@ class Worker:
         self.breaker = breaker
         self.inflight = 0
         """Requests this router has in flight to the worker (the local count)."""
-        self.inflight_series: GaugeSeries | None = None
-        """Its ``smg_worker_inflight`` series while it is registered under its role, resolved by the first attempt
-        that publishes it (``AttemptGuard``); None again when the lifecycle drops the series (removed, new role)."""
         self.prefilling = 0
         """Those of them whose answer has not started (no chunk of a stream yet; a whole answer until it ends): what
         the engine still prefills (engines prefill before they decode, so a prompt sent to a worker busy prefilling
