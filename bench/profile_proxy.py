@@ -1,6 +1,6 @@
 """Where the router's CPU goes per request (issue 12): py-spy samples of smg-router under wrk load, in buckets.
 
-Usage (from the repository root, with the project's venv and ``pip install -e '.[bench]'`` for py-spy; root or
+Usage (from the repository root, with the project's venv, which ``scripts/setup.sh`` gives py-spy; root or
 ptrace rights to attach):
     .venv/bin/python bench/profile_proxy.py [--policy cache_aware] [--endpoint chat] [--stream]
         [--concurrency 64] [--duration 15] [--rate 100] [--router-commit REV] [--raw FILE] [--out FILE]
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.access(spy, os.X_OK) or not shutil.which("wrk"):
-        sys.exit("profile_proxy: needs py-spy (pip install -e '.[bench]') and wrk (scripts/install-test-tools.sh)")
+        sys.exit("profile_proxy: needs py-spy (scripts/setup.sh) and wrk (scripts/install-test-tools.sh)")
     logs = Path(tempfile.mkdtemp(prefix="profile-proxy-"))
     raw = args.raw or logs / "py-spy.txt"
     cell = bp.Cell(args.endpoint, args.stream, args.concurrency)
