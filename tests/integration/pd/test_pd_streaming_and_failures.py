@@ -34,7 +34,13 @@ def test_pd_stream_returns_the_decode_workers_tokens(pd_router: Router, pd_fleet
         "POST", pd_router.url + "/generate", {"text": ["a b c", "d e f"], "sampling_params": {"max_new_tokens": 2}}
     )
     assert status == 200 and len(body) == 2, body
-    assert metric_value(pd_router.metrics(), "smg_pd_requests_total", status="success") == 3
+    # counted once both legs settled, which may be just after the client has its answer (the prefill leg's end)
+    wait_until(
+        lambda: metric_value(pd_router.metrics(), "smg_pd_requests_total", status="success") == 3,
+        what="three successful dual dispatches counted",
+    )
+    time.sleep(0.2)
+    assert metric_value(pd_router.metrics(), "smg_pd_requests_total", status="success") == 3  # and no more
 
 
 def test_killing_the_prefill_worker_mid_request_is_a_502_and_frees_the_decode_leg(logs: Path) -> None:
