@@ -8,7 +8,9 @@ Usage (from the repository root, with the project's venv):
     (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run;
     smg:<policy>+peer runs a second smg-router as the first's --peer, and counts both routers' CPU: what a request
     costs a fleet of replicas that tell each other their routes, the sending and the receiving; smg:<policy>~NAME
-    runs it with the flags of ``--variant NAME="FLAGS"``, e.g. ``--variant nocap="--tree-chars-per-token 0"``)
+    runs it with the flags of ``--variant NAME="FLAGS"``, e.g. ``--variant nocap="--tree-chars-per-token 0"``;
+    smg%PY:<policy> runs it on the interpreter of ``--python PY=PATH``, e.g. an optimized build of CPython beside
+    this machine's, the router's code still the working tree's or REV's)
 
 The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
@@ -167,6 +169,7 @@ def router_argv(
     rust_bin: str,
     peer: int | None = None,
     extra: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> list[str]:
     """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer, and
     the flags of its ``--variant``)."""
@@ -174,7 +177,7 @@ def router_argv(
     policy = policy.partition("~")[0].removesuffix("+peer")
     if kind.startswith("smg"):
         return [
-            *(sys.executable, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
+            *(python, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
             *(("--peer", f"http://127.0.0.1:{peer}") if peer else ()),
             *extra,
@@ -208,13 +211,14 @@ def start_router(
     port: int | None = None,
     peer: int | None = None,
     extra: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> Router:
     port = port or free_port("127.0.0.1")
     env = {}
     if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
-    name = f"{target.replace(':', '-').replace('+', '-')}-{port}"
-    args = router_argv(target, port, workers, rust_bin, peer, extra)
+    name = f"{re.sub(r'[:+%]', '-', target)}-{port}"
+    args = router_argv(target, port, workers, rust_bin, peer, extra, python)
     router = Router(name=name, args=args, log_path=logs / f"{name}.log", env=env, port=port)
     router.start()
     wait_for(partial(ready, target, router, len(workers)), timeout=60, what=f"{target} at {router.url}")
@@ -366,7 +370,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--targets",
         default=DEFAULT_TARGETS,
-        help="comma-separated: direct, smg:<policy>, smg@REV:<policy> (smg-router as of git REV), rust:<policy>",
+        help="comma-separated: direct, smg:<policy>, smg@REV:<policy> (smg-router as of git REV), smg%%PY:<policy> "
+        "(on --python PY's interpreter), rust:<policy>",
     )
     p.add_argument("--endpoints", default="generate,chat")
     p.add_argument("--streams", default="0,1", help="0: whole answers, 1: SSE streams")
@@ -380,6 +385,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="NAME=FLAGS",
         help='extra smg-router flags for the targets smg:<policy>~NAME, e.g. nocap="--tree-chars-per-token 0"',
+    )
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PY=PATH",
+        help="a Python for the targets smg%%PY:<policy> (its environment needs the router's dependencies: "
+        "PATH -m venv DIR && DIR/bin/pip install .; the code is the working tree's, or REV's)",
     )
     p.add_argument("--rust-bin", default="/tmp/smg-rust/bin/smg")
     p.add_argument("--router-commit", help="measure smg-router as of this git revision (default: the working tree)")
@@ -397,12 +410,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?:\w+(\+peer)?(~\w+)?|rust:\w+", t):
-            sys.exit(f"bench_proxy: target {t!r}: expected direct, smg[@REV]:<policy>[+peer][~NAME] or rust:<policy>")
+        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?(%\w+)?:\w+(\+peer)?(~\w+)?|rust:\w+", t):
+            sys.exit(
+                f"bench_proxy: target {t!r}: expected direct, smg[@REV][%PY]:<policy>[+peer][~NAME] or rust:<policy>"
+            )
     variants = {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in args.variant)}
+    pythons = {name: path for name, _, path in (v.partition("=") for v in args.python)}
     for t in targets:
         if "~" in t.partition(":")[2] and t.rpartition("~")[2] not in variants:
             sys.exit(f"bench_proxy: target {t!r}: no --variant {t.rpartition('~')[2]}=FLAGS")
+        py = t.partition(":")[0].partition("%")[2]
+        if py and not os.access(pythons.get(py, ""), os.X_OK):
+            sys.exit(f"bench_proxy: target {t!r}: no --python {py}=PATH to an executable")
     skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
     if skipped:
         print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
@@ -427,11 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         routers: dict[str, list[Router]] = {"direct": []} if "direct" in targets else {}
         for t in targets:
             if t != "direct":
-                rev = t.partition(":")[0].partition("@")[2]
-                code = router_code(rev, logs) if rev else pythonpath
+                kind, py = t.partition(":")[0].partition("%")[::2]
+                rev = kind.partition("@")[2]
+                code = router_code(rev, logs) if rev else pythonpath or (ROOT / "router" if py else None)
                 urls_ = [s.url for s in sims]
                 flags = variants.get(t.rpartition("~")[2], []) if "~" in t.partition(":")[2] else []
-                start = partial(start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code, extra=flags)
+                python = pythons[py] if py else sys.executable
+                start = partial(
+                    start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code, extra=flags, python=python
+                )
                 if t.endswith("+peer"):  # each the other's --peer; the second one only receives
                     ports = free_ports(2)
                     routers[t] = [start(port=ports[0], peer=ports[1]), start(port=ports[1], peer=ports[0])]
@@ -476,7 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "commit": head,
             "dirty_router": None if args.router_commit else dirty,
             "router_commit": git("rev-parse", args.router_commit) if args.router_commit else None,
-            "target_commits": {t: git("rev-parse", t.partition(":")[0][4:]) for t in targets if t.startswith("smg@")},
+            "target_commits": {
+                t: git("rev-parse", t.partition(":")[0].partition("%")[0][4:]) for t in targets if t.startswith("smg@")
+            },
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "loadavg_before": load_before,
             "loadavg_after": load_after,
@@ -485,6 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "duration_s": args.duration,
                 "warmup_s": args.warmup,
                 "variants": variants,
+                "pythons": pythons,
                 "max_tokens": MAX_TOKENS,
                 "rust_bin": args.rust_bin,
                 "cores": {"wrk": LOAD_CORE, "routers_and_workers": SUT_CORE},

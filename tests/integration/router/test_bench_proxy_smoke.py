@@ -102,3 +102,26 @@ def test_a_variant_target_runs_the_router_with_the_variants_flags(tmp_path: Path
         timeout=30,
     )
     assert undeclared.returncode != 0 and "no --variant other=FLAGS" in undeclared.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_target_on_another_python_runs_the_router_on_it(tmp_path: Path) -> None:
+    """``smg%PY:<policy>`` with ``--python PY=PATH``: the router runs on that interpreter (here a wrapper that notes
+    its arguments, then runs this one); a target naming no declared Python is refused before anything starts."""
+    noted = tmp_path / "noted"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {noted}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    result = run_bench(tmp_path, "--targets", "smg%alt:round_robin", "--streams", "0", "--python", f"alt={python}")
+    assert result["settings"]["pythons"] == {"alt": str(python)}
+    ((cell),) = result["cells"]
+    (run,) = cell["runs"]
+    assert cell["target"] == "smg%alt:round_robin" and sum(run["errors"].values()) == 0 and run["cpu_us"] > 0
+    assert noted.read_text().startswith("-m smg_router --host 127.0.0.1"), noted.read_text()
+    undeclared = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--targets", "smg%other:round_robin"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert undeclared.returncode != 0 and "no --python other=PATH" in undeclared.stderr
