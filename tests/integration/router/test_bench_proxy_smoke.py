@@ -37,6 +37,11 @@ def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+def refused(*args: str) -> subprocess.CompletedProcess[str]:
+    """A quick run whose arguments stop it before anything starts."""
+    return subprocess.run([sys.executable, str(BENCH), "--quick", *args], capture_output=True, text=True, timeout=30)
+
+
 @pytest.mark.timeout(180)
 def test_quick_run_measures_every_cell_without_a_failed_request(tmp_path: Path) -> None:
     result = run_bench(tmp_path)
@@ -95,12 +100,7 @@ def test_a_variant_target_runs_the_router_with_the_variants_flags(tmp_path: Path
         timeout=120,
     )
     assert bad.returncode != 0 and "--no-such-flag" in bad.stdout + bad.stderr
-    undeclared = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--targets", "smg:round_robin~other"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    undeclared = refused("--targets", "smg:round_robin~other")
     assert undeclared.returncode != 0 and "no --variant other=FLAGS" in undeclared.stderr
 
 
@@ -118,10 +118,5 @@ def test_a_target_on_another_python_runs_the_router_on_it(tmp_path: Path) -> Non
     (run,) = cell["runs"]
     assert cell["target"] == "smg%alt:round_robin" and sum(run["errors"].values()) == 0 and run["cpu_us"] > 0
     assert noted.read_text().startswith("-m smg_router --host 127.0.0.1"), noted.read_text()
-    undeclared = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--targets", "smg%other:round_robin"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    undeclared = refused("--targets", "smg%other:round_robin")
     assert undeclared.returncode != 0 and "no --python other=PATH" in undeclared.stderr
