@@ -25,7 +25,7 @@ from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
 from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
-from smg_router.upstream import Upstream
+from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import WorkerSpec
@@ -64,10 +64,12 @@ class RouterCore:
             settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
         )
         self.upstream = Upstream(
-            connect_timeout=settings.server.connect_timeout,
-            total_timeout=settings.server.request_timeout,
-            first_byte_timeout=settings.server.first_byte_timeout,
-            stream_idle_timeout=settings.server.stream_idle_timeout,
+            Timeouts(
+                connect=settings.server.connect_timeout,
+                total=settings.server.request_timeout,
+                first_byte=settings.server.first_byte_timeout,
+                stream_idle=settings.server.stream_idle_timeout,
+            )
         )
         server = settings.server
         self.admission = Admission(

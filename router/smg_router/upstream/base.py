@@ -1,13 +1,29 @@
-"""The upstream interface the request path sees, and its one connect error.  Imports no transport."""
+"""The upstream interface the request path sees, its timeouts and its one connect error.  Imports no transport."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 
 class UpstreamConnectError(Exception):
     """The worker could not be reached or the connection failed before a response arrived."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """The bounds on one request to a worker, one value for ``Upstream`` and both its transports.
+
+    ``connect``: the TCP connection; ``total``: the whole response; ``first_byte``: request sent → response
+    headers; ``stream_idle``: the longest silence between two pieces of a response body.  None leaves a bound to
+    the total one.  Past any of them a transport raises ``TimeoutError``.
+    """
+
+    connect: float
+    total: float
+    first_byte: float | None = None
+    stream_idle: float | None = None
 
 
 class UpstreamResponse(Protocol):

@@ -1,9 +1,9 @@
 """A lean HTTP/1.1 upstream client: pooled keep-alive connections on ``asyncio.Protocol``, framed by httptools.
 
 It implements the ``UpstreamResponse`` interface of ``base`` (post → status, headers, read or chunk-by-chunk
-body, release, abort) with far less work per request than aiohttp's ``ClientSession`` (DESIGN 2.9 measured
-``ClientSession`` as the single biggest cost of a Python proxy).  Only what the router needs: POST with a body
-of known length, responses framed by Content-Length, chunked encoding or connection close.
+body, release, abort) with far less work per request than aiohttp's ``ClientSession`` (measured as the single
+biggest cost of a Python proxy).  Only what the router needs: POST with a body of known length, responses framed
+by Content-Length, chunked encoding or connection close.
 
 Backpressure: a response body that arrives faster than the proxy forwards it pauses reading from the worker.
 Three bounds per request, kept by one lazily re-armed timer: the response headers within the first-byte
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from smg_router.upstream.base import UpstreamConnectError
+from smg_router.upstream.base import Timeouts, UpstreamConnectError
 
 Sink = Callable[[bytes, bool], bool]
 """Takes a piece of a response body and whether the body ends with it; returns whether to go on (``pipe``)."""
@@ -35,13 +35,15 @@ MAX_IDLE_PER_HOST = 256
 
 
 class _Timeouts:
+    """``Timeouts`` as a connection checks them: no None (an absent bound is infinite), the first check known."""
+
     __slots__ = ("first_byte", "first_check", "idle", "total")
 
-    def __init__(self, *, total: float, first_byte: float | None, idle: float | None) -> None:
-        self.total = total
-        self.first_byte = math.inf if first_byte is None else first_byte
-        self.idle = math.inf if idle is None else idle
-        self.first_check = min(self.first_byte, self.idle, total)
+    def __init__(self, timeouts: Timeouts) -> None:
+        self.total = timeouts.total
+        self.first_byte = math.inf if timeouts.first_byte is None else timeouts.first_byte
+        self.idle = math.inf if timeouts.stream_idle is None else timeouts.stream_idle
+        self.first_check = min(self.first_byte, self.idle, self.total)
         """After sending: no bound can be passed sooner (the idle clock starts with the headers at the earliest)."""
 
 
@@ -397,22 +399,11 @@ class LeanResponse:
 
 
 class LeanUpstream:
-    """The plain-http transport of ``client.Upstream``.
+    """The plain-http transport of ``client.Upstream``, bounded by ``Timeouts``."""
 
-    ``first_byte_timeout``: request sent → response headers; ``stream_idle_timeout``: the longest silence
-    between body bytes; ``total_timeout``: the whole response.  None leaves a bound to the total one.
-    """
-
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        total_timeout: float,
-        first_byte_timeout: float | None = None,
-        stream_idle_timeout: float | None = None,
-    ) -> None:
-        self._connect_timeout = connect_timeout
-        self._timeouts = _Timeouts(total=total_timeout, first_byte=first_byte_timeout, idle=stream_idle_timeout)
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._connect_timeout = timeouts.connect
+        self._timeouts = _Timeouts(timeouts)
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
 

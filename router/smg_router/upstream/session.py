@@ -1,4 +1,4 @@
-"""The https transport: aiohttp's ``ClientSession``, which brings TLS (DESIGN 2.9: costly, so http uses ``lean``).
+"""The https transport: aiohttp's ``ClientSession``, which brings TLS (at a cost, so http uses ``lean``).
 
 It keeps the interface's error contract, as ``lean`` does: before the response headers a failure is an
 ``UpstreamConnectError`` and a missed first-byte (or total) deadline a ``TimeoutError``; while the body is
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
-from smg_router.upstream.base import UpstreamConnectError, UpstreamResponse
+from smg_router.upstream.base import Timeouts, UpstreamConnectError, UpstreamResponse
 
 
 class SessionResponse:
@@ -81,19 +81,12 @@ class SessionResponse:
 
 
 class SessionUpstream:
-    """``first_byte_timeout`` bounds connect + request + response headers; the others as in ``lean``."""
+    """``Timeouts.first_byte`` bounds connect + request + response headers here; the others as in ``lean``."""
 
-    def __init__(
-        self,
-        *,
-        connect_timeout: float,
-        total_timeout: float,
-        first_byte_timeout: float | None = None,
-        stream_idle_timeout: float | None = None,
-    ) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=total_timeout, sock_connect=connect_timeout)
-        self._first_byte = first_byte_timeout
-        self._idle = stream_idle_timeout
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeouts.total, sock_connect=timeouts.connect)
+        self._first_byte = timeouts.first_byte
+        self._idle = timeouts.stream_idle
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from smg_router.upstream.base import UpstreamConnectError
+from smg_router.upstream.base import Timeouts, UpstreamConnectError
 from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
 from support.procs import free_port
 
@@ -67,7 +67,7 @@ async def server() -> AsyncIterator[tuple[Server, str]]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[LeanUpstream]:
-    c = LeanUpstream(connect_timeout=2, total_timeout=3)
+    c = LeanUpstream(Timeouts(connect=2, total=3))
     yield c
     await c.close()
 
@@ -193,7 +193,7 @@ async def test_chunks_that_arrive_together_are_relayed_as_one_piece_and_later_on
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.6", 0)
-    client = LeanUpstream(connect_timeout=2, total_timeout=10)
+    client = LeanUpstream(Timeouts(connect=2, total=10))
     try:
         url = f"http://127.0.0.6:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
         response = await client.post(url, b"{}", {})

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
-from smg_router.upstream.base import UpstreamConnectError
+from smg_router.upstream.base import Timeouts, UpstreamConnectError
 from smg_router.upstream.lean import HIGH_WATER, LeanResponse, LeanUpstream
 
 HOST = "127.0.0.71"
@@ -121,7 +121,7 @@ async def raw_worker(answer: Answer) -> AsyncIterator[tuple[RawWorker, str]]:
 
 @pytest.fixture
 async def client() -> AsyncIterator[LeanUpstream]:
-    c = LeanUpstream(connect_timeout=2, total_timeout=LIMIT * 2)
+    c = LeanUpstream(Timeouts(connect=2, total=LIMIT * 2))
     yield c
     await c.close()
 

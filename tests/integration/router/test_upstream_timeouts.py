@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from smg_router.upstream.base import Timeouts
 from smg_router.upstream.lean import HIGH_WATER, LeanUpstream
 from smg_router.upstream.session import SessionUpstream
 from support.procs import MODEL, http_json, start_router, start_sim, wait_until
@@ -123,7 +124,7 @@ async def make_client(request: pytest.FixtureRequest) -> AsyncIterator[Callable[
 
     async def make(*, first_byte: float | None = None, idle: float | None = None) -> Client:
         cls = LeanUpstream if request.param == "lean" else SessionUpstream
-        c = cls(connect_timeout=2, total_timeout=LIMIT * 2, first_byte_timeout=first_byte, stream_idle_timeout=idle)
+        c = cls(Timeouts(connect=2, total=LIMIT * 2, first_byte=first_byte, stream_idle=idle))
         await c.start()
         made.append(c)
         return c
@@ -401,7 +402,7 @@ async def test_a_pooled_connections_next_request_keeps_its_own_first_byte_bound(
 
     server = await asyncio.start_server(serve, HOST, 0)
     url = f"http://{HOST}:{server.sockets[0].getsockname()[1]}/generate"
-    client = LeanUpstream(connect_timeout=2, total_timeout=LIMIT, first_byte_timeout=0.3, stream_idle_timeout=2.0)
+    client = LeanUpstream(Timeouts(connect=2, total=LIMIT, first_byte=0.3, stream_idle=2.0))
     try:
         first = await client.post(url, b"{}", {})
         assert [c async for c in first.chunks()] == [b"one", b"two"]

@@ -6,7 +6,7 @@ import pytest
 from smg_router.errors import BadRequest, ModelNotFound, NoWorkerAvailable
 from smg_router.proxy import Proxy
 from smg_router.settings import RetrySettings
-from smg_router.upstream import Upstream
+from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.registry import WorkerRegistry
 from support.policy_env import Env, make_worker
 
@@ -22,7 +22,7 @@ def _proxy(env: Env, *workers) -> Proxy:  # type: ignore[no-untyped-def]
     return Proxy(
         registry=registry,
         policies=policies,
-        upstream=Upstream(connect_timeout=1, total_timeout=1),
+        upstream=Upstream(Timeouts(connect=1, total=1)),
         metrics=env.metrics,
         retry=RetrySettings(),
     )

@@ -15,7 +15,7 @@ from smg_router.request import (
 )
 from smg_router.response_ids import ResponseIds, id_of_body, id_of_events
 from smg_router.settings import RetrySettings, RoutingSettings, parse_settings
-from smg_router.upstream import Upstream
+from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.registry import WorkerRegistry
 from support.policy_env import Env, make_worker
 
@@ -78,7 +78,7 @@ def _proxy(env: Env, aliases: tuple[tuple[str, str], ...], *workers) -> Proxy:  
     return Proxy(
         registry=registry,
         policies=policies,
-        upstream=Upstream(connect_timeout=1, total_timeout=1),
+        upstream=Upstream(Timeouts(connect=1, total=1)),
         metrics=env.metrics,
         retry=RetrySettings(),
         routing=RoutingSettings(model_aliases=aliases),
