@@ -57,3 +57,23 @@ class UpstreamResponse(Protocol):
     def chunks(self) -> AsyncIterator[bytes]: ...
     def release(self) -> None: ...
     def abort(self) -> None: ...
+
+
+class BodyByChunks:
+    """``read`` and ``chunks`` of both transports' responses, on their ``next_chunk``: the one place a body is taken
+    to its end (the b"" that ends it releases the connection)."""
+
+    __slots__ = ()
+
+    async def next_chunk(self) -> bytes:
+        raise NotImplementedError
+
+    async def read(self) -> bytes:
+        parts = []
+        while chunk := await self.next_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self.next_chunk():
+            yield chunk

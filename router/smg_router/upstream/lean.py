@@ -20,12 +20,12 @@ import asyncio
 import collections
 import math
 import select
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
 
-from smg_router.upstream.base import Timeouts, UpstreamConnectError
+from smg_router.upstream.base import BodyByChunks, Timeouts, UpstreamConnectError
 
 Sink = Callable[[bytes, bool], bool]
 """Takes a piece of a response body and whether the body ends with it; returns whether to go on (``pipe``)."""
@@ -309,7 +309,7 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
-class LeanResponse:
+class LeanResponse(BodyByChunks):
     __slots__ = ("_client", "_conn", "_done", "headers", "status")
 
     def __init__(self, client: LeanUpstream, conn: _Conn) -> None:
@@ -318,12 +318,6 @@ class LeanResponse:
         self._done = False
         self.status = conn.status
         self.headers: Mapping[str, str] = conn.headers
-
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self.next_chunk():
-            parts.append(chunk)
-        return b"".join(parts)
 
     async def next_chunk(self) -> bytes:
         """The body bytes that arrived since the last call (waiting for some); b"" at the body's end, when the
@@ -378,10 +372,6 @@ class LeanResponse:
     def finished(self) -> bool:
         conn = self._conn
         return conn.complete and not conn.chunks and conn.error is None
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.next_chunk():
-            yield chunk
 
     def release(self) -> None:
         """Back to the pool after a complete response, else closed (the rest of the body is not wanted)."""

@@ -8,14 +8,14 @@ read, a silence longer than the stream-idle timeout is a ``TimeoutError`` and a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 
 import aiohttp
 
-from smg_router.upstream.base import Timeouts, UpstreamConnectError, UpstreamResponse
+from smg_router.upstream.base import BodyByChunks, Timeouts, UpstreamConnectError, UpstreamResponse
 
 
-class SessionResponse:
+class SessionResponse(BodyByChunks):
     __slots__ = ("_idle", "_resp", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse, idle: float | None) -> None:
@@ -42,13 +42,6 @@ class SessionResponse:
         except aiohttp.ClientError as e:
             raise ConnectionResetError(f"the worker broke off its response: {type(e).__name__}: {e}") from e
 
-    async def read(self) -> bytes:
-        parts = []
-        while chunk := await self._next():
-            parts.append(chunk)
-        self._resp.release()
-        return b"".join(parts)
-
     async def next_chunk(self) -> bytes:
         chunk = await self._next()
         if not chunk:
@@ -67,10 +60,6 @@ class SessionResponse:
 
     def finished(self) -> bool:
         return False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.next_chunk():
-            yield chunk
 
     def release(self) -> None:
         self._resp.release()
