@@ -396,7 +396,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--rust-bin", default="/tmp/smg-rust/bin/smg")
     p.add_argument("--router-commit", help="measure smg-router as of this git revision (default: the working tree)")
-    p.add_argument("--out", type=Path, help="write every figure, the settings and the command as JSON")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "out" / "proxy.json",
+        help="every figure, the settings and the command as JSON (git ignores bench/out)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: 1 rep of 1 s, chat at c=8, streamed and not")
     args = p.parse_args(argv)
     if args.quick:

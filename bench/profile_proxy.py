@@ -152,7 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--router-commit", help="profile smg-router as of this git revision (default: the working tree)")
     p.add_argument("--raw", type=Path, help="keep py-spy's raw (folded) samples here")
-    p.add_argument("--out", type=Path, help="write the shares and top frames as JSON")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=bp.ROOT / "bench" / "out" / "profile.json",
+        help="the shares and top frames as JSON (git ignores bench/out)",
+    )
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.access(spy, os.X_OK) or not shutil.which("wrk"):

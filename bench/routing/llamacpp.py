@@ -105,7 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rust-bin", default=RUST_BIN)
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and their order")
     p.add_argument("--request-timeout", type=float, default=300.0)
-    p.add_argument("--out", type=Path, default=Path("llamacpp-results.json"))
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "out" / "routing" / "llamacpp.json", help="(git ignores bench/out)"
+    )
     p.add_argument("--keep-logs", type=Path, default=None, help="keep the processes' logs here")
     a = p.parse_args(argv)
     if not 1 <= a.engines <= 8 or a.slots < 1:

@@ -81,7 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
     p.add_argument("--rust-bin", default=RUST_BIN)
     p.add_argument("--router-commit", default=None, help="run smg-router of this commit (git archive) on PYTHONPATH")
-    p.add_argument("--out", type=Path, default=Path("routing-results.json"))
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "out" / "routing" / "results.json", help="(git ignores bench/out)"
+    )
     p.add_argument("--plots", type=Path, default=None, help="directory for PNG plots (default: beside --out)")
     p.add_argument("--keep-logs", type=Path, default=None, help="keep the processes' logs here")
     p.add_argument("--quick", action="store_true", help="shared_prefix, smg cache_aware + round_robin, 1-2 replicas")

@@ -1,0 +1,102 @@
+"""The small summary of a benchmark result that the repository keeps (``bench/summaries/``).
+
+Usage:  python bench/summarize.py proxy|routing|llamacpp RESULT.json [RESULT.json ...] > bench/summaries/KIND.json
+
+A benchmark writes its whole result to ``bench/out/`` (ignored by git): every repetition, every worker's samples.
+``docs/benchmarks.md`` quotes a few figures of the latest run; the summary keeps exactly the figures a reader needs
+to check the page and redraw its plots (``bench/routing/plot.py bench/summaries/routing.json DIR``), with the
+command, commit, date and machine of the run.  Several results of one kind (e.g. two workloads of the routing
+benchmark run as two commands) become one summary whose rows are concatenated.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+RUN_KEYS = ("command", "started", "commit", "head", "router_commit", "machine", "loadavg_before", "load_average")
+
+
+def _run(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc[k] for k in RUN_KEYS if k in doc}
+
+
+def _spread(runs: list[dict[str, Any]], key: str) -> list[float] | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return [min(values), max(values)] if values else None
+
+
+def proxy(doc: dict[str, Any]) -> dict[str, Any]:
+    """Per cell and target: the medians over the repetitions, the spread of CPU and p99, the added p50."""
+    cells = [
+        {
+            **{k: c[k] for k in ("target", "endpoint", "stream", "concurrency")},
+            "median": c["median"],
+            "cpu_us_spread": _spread(c["runs"], "cpu_us"),
+            "p99_ms_spread": _spread(c["runs"], "p99_ms"),
+            "added_p50_us": c.get("added_p50_us"),
+            "ok": c.get("check", {}).get("ok"),
+        }
+        for c in doc["cells"]
+    ]
+    return {**_run(doc), "settings": doc.get("settings"), "cells": cells}
+
+
+METRIC_KEYS = (
+    "requests",
+    "ok",
+    "errors",
+    "cached_share",
+    "oracle_share",
+    "cached_over_oracle",
+    "misses",
+    "ttft_ms",
+    "prefill_ms",
+    "prefill_p90_over_p50",
+    "e2e_ms",
+    "throughput_rps",
+    "spread_max_over_mean",
+)
+
+
+def routing(doc: dict[str, Any]) -> dict[str, Any]:
+    """Per row (workload, target, replicas, load): the cache and latency figures, no per-worker samples."""
+    rows = [
+        {
+            **{k: r[k] for k in ("workload", "target", "replicas", "load", "offered_rps") if k in r},
+            "metrics": {k: r["metrics"][k] for k in METRIC_KEYS if k in r["metrics"]},
+        }
+        for r in doc["rows"]
+    ]
+    extra = {k: doc[k] for k in ("workloads", "lru_reference", "requests") if k in doc}
+    return {**_run(doc), **extra, "rows": rows}
+
+
+KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing}
+
+
+def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    parts = [KINDS[kind](d) for d in docs]
+    if len(parts) == 1:
+        return parts[0]
+    runs = [{k: v for k, v in p.items() if k != "rows"} for p in parts]
+    return {"runs": runs, "rows": [{"run": i, **r} for i, p in enumerate(parts) for r in p["rows"]]}
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) < 2 or argv[0] not in KINDS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    docs = []
+    for path in argv[1:]:
+        with open(path) as f:
+            docs.append(json.load(f))
+    json.dump(summarize(argv[0], docs), sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
