@@ -1,7 +1,7 @@
 """Side by side: the cells of an A/B run of ``run.py`` over several fleets, one line per arm.
 
 Usage (from the repository root): ``.venv/bin/python bench/routing/compare.py DIR base,new`` reads
-``DIR/<arm>-f<fleet>.json`` (what the ``results/*/run.sh`` scripts write: one file per arm and fleet seed) and
+``DIR/<arm>-f<fleet>.json`` (one file per arm and fleet seed: bench/routing/README.md, "Comparing two commits") and
 prints, per (workload, target, replicas, load), each arm's cached share / TTFT p99 ms on every fleet and their means.
 """
 
