@@ -1,4 +1,4 @@
-"""Proxy benchmark (issue 12): what a router costs per request, beside a direct connection and the Rust `smg`.
+"""Proxy benchmark: what a router costs per request, beside a direct connection and the Rust `smg`.
 
 Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/bench_proxy.py [--reps 3] [--duration 5] [--warmup 1]
@@ -12,7 +12,7 @@ Usage (from the repository root, with the project's venv):
     smg%PY:<policy> runs it on the interpreter of ``--python PY=PATH``, e.g. an optimized build of CPython beside
     this machine's, the router's code still the working tree's or REV's)
 
-The method of TESTING.md "Measuring speed on a noisy 2-core machine": two smg-sim workers with no simulated
+The method (docs/benchmarks.md): two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
 the load generator ``wrk`` (one thread, ``bench/wrk/post.lua``: ~1 KB POST bodies, every prompt distinct with a
 shared document prefix) on core 0.  All targets run side by side for the whole run and every repetition visits

@@ -1,5 +1,5 @@
 """Micro-benchmark of the metric calls on the request path: prometheus_client's children (what the router used
-before issue 12: a dict of cached children, then prometheus_client's ``inc``/``observe``/``set``) against the
+as it was: a dict of cached children, then prometheus_client's ``inc``/``observe``/``set``) against the
 router's own series (``smg_router.metrics``), in one run, same label values, same buckets.
 
 Usage (from the repository root):  .venv/bin/python bench/micro_metrics.py [--number 200000] [--repeat 7]
@@ -20,7 +20,7 @@ from smg_router.metrics import _LATENCY_BUCKETS, Metrics
 
 
 class _CachedChildren:
-    """The router's ``Family`` before issue 12: prometheus_client children cached by label values."""
+    """The router's ``Family`` as it was: prometheus_client children cached by label values."""
 
     def __init__(self, metric: Any) -> None:
         self.metric = metric

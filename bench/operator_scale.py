@@ -1,4 +1,4 @@
-"""Operator at scale on the real API server: many SMGWorkers, many worker pods, pods churning (issue 10 item 4).
+"""Operator at scale on the real API server: many SMGWorkers, many worker pods, pods churning.
 
 Usage:  python bench/operator_scale.py [--smgworkers 50] [--pods-per-smgworker 20] [--replicas 2] [--churn 0.10]
                                       [--duration 180] [--quiet 60] [--quick] [--operator-commit REV] [--json]

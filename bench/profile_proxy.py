@@ -1,4 +1,4 @@
-"""Where the router's CPU goes per request (issue 12): py-spy samples of smg-router under wrk load, in buckets.
+"""Where the router's CPU goes per request: py-spy samples of smg-router under wrk load, in buckets.
 
 Usage (from the repository root, with the project's venv, which ``scripts/setup.sh`` gives py-spy; root or
 ptrace rights to attach):

@@ -1,4 +1,4 @@
-"""The router's own CPU per request, in process, without sockets (issue 12): what our Python costs, apart from the
+"""The router's own CPU per request, in process, without sockets: what our Python costs, apart from the
 kernel, the workers and the machine's noise.
 
 The real router (``RouterCore``, its server and dispatcher, the lean upstream client) serves a loop of requests
@@ -10,7 +10,7 @@ at c=64, counted in the real router).  Everything between is the router's: parsi
 tree, the attempt guard, metrics, the relay, the answer's head.  Not measured: system calls, the event loop's own
 I/O, the background tasks (load monitor, health checks, tree upkeep).  The figure is a loop's wall time over its
 requests, best of ``--reps``: compare variants and commits here, then confirm with ``bench_proxy.py`` on real
-sockets, where a request costs the router 2.5 (c=64) to 5 (c=1) times this figure (session 20: round_robin chat
+sockets, where a request costs the router 2.5 (c=64) to 5 (c=1) times this figure (round_robin chat
 40 µs here, 100 and 208 µs there): the system calls, the loop's own I/O, and caches the workers left cold.
 
     .venv/bin/python bench/request_path.py [--policy cache_aware] [--endpoint chat] [--stream]

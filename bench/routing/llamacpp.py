@@ -1,4 +1,4 @@
-"""Routing benchmark on real engines (issue 11): the shared-prefix workload on 2-4 llama.cpp servers.
+"""Routing benchmark on real engines: the shared-prefix workload on 2-4 llama.cpp servers.
 
 Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/routing/llamacpp.py [--engines 2] [--slots 2] [--groups G] [--questions 10]

@@ -135,7 +135,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def pivot(rows: Sequence[dict[str, Any]]) -> str:
-    """Cached share by target (rows) and replicas (columns), one block per workload and load: the issue's table."""
+    """Cached share by target (rows) and replicas (columns), one block per workload and load: the headline table."""
     out: list[str] = []
     keys = sorted({(r["workload"], r["load"]) for r in rows})
     for workload, load in keys:

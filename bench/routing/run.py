@@ -1,4 +1,4 @@
-"""Routing-quality benchmark (issue 11): simulated fleets with finite KV, 1-8 router replicas, Poisson load.
+"""Routing-quality benchmark: simulated fleets with finite KV, 1-8 router replicas, Poisson load.
 
 Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/routing/run.py [--workload shared_prefix] [--targets smg:cache_aware,smg:round_robin,...]

@@ -42,7 +42,7 @@ def identity() -> str:
     """This process's name in the Lease and in kopf: the hostname (the pod name) and the pid.
 
     Passed to kopf explicitly: without it kopf derives one from ``getpass.getuser()``, which raises
-    ``KeyError: 'getpwuid(): uid not found'`` in a container whose uid has no passwd entry (issue 14)."""
+    ``KeyError: 'getpwuid(): uid not found'`` in a container whose uid has no passwd entry."""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 

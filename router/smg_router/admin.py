@@ -1,4 +1,4 @@
-"""The lifecycle REST API (DESIGN 2.7), used by people and by the operator alike.
+"""The lifecycle REST API, used by people and by the operator alike.
 
 Mutations need ``Authorization: Bearer <admin key>`` when a key is configured.  Every mutation goes
 through the one lifecycle path; a body that fails validation changes nothing and gets a 400 naming

@@ -1,11 +1,11 @@
-"""Every metric the router exports, under the names of DESIGN 2.8; nothing else imports prometheus_client.
+"""Every metric the router exports (docs/metrics.md); nothing else imports prometheus_client.
 
 The series the request path touches are our own: plain float fields behind ``__slots__``, no lock (the router
 is single-threaded asyncio) and a histogram that finds its bucket with one ``bisect`` and accumulates the
 cumulative counts only at scrape time.  prometheus_client's children took a ``threading.Lock`` per value and
-looped over every bucket in Python: ~6% of the router's busy CPU under load (issue 12).  Each family is a
-collector that yields prometheus_client's ``*MetricFamily`` objects at scrape time, so ``generate_latest``
-still formats the exposition: the same names, help texts, types, label order and text (``_total``,
+looped over every bucket in Python: ~6% of the router's busy CPU under load (`bench/profile_proxy.py`).
+Each family is a collector that yields prometheus_client's ``*MetricFamily`` objects at scrape time, so
+``generate_latest`` still formats the exposition: the same names, help texts, types, label order and text (``_total``,
 ``_bucket{le=...}``, ``_count``, ``_sum``; no ``*_created``).  tests/unit/router/test_metrics_layer.py compares
 it, byte for byte, with plain prometheus_client metrics fed the same operations.
 

@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document of the data plane and the lifecycle API (DESIGN 6.1).
+"""``GET /openapi.json``: the OpenAPI 3.1 document of the data plane and the lifecycle API.
 
 Written by hand, next to what it describes: ``request.py`` (what a generation body must carry),
 ``workers/worker.py`` (``WorkerSpec.from_json``), ``admin.py`` (PATCH fields, queries) and ``errors.py``

@@ -2,7 +2,7 @@
 
 Why not aiohttp's server: per request it builds a message object, a payload stream, a request with a dozen
 attributes and a response whose head is assembled by a writer, where the router needs a dict of headers, the
-body bytes and one send (issue 12 measured aiohttp's server leg at twice this one's CPU per request).  What a
+body bytes and one send (the proxy benchmark measured aiohttp's server leg at twice this one's CPU per request).  What a
 production server must do is kept:
 
 - keep-alive (HTTP/1.1 by default, HTTP/1.0 on request), pipelined requests answered in order, idle

@@ -1,4 +1,4 @@
-"""pd: prefill/decode disaggregation (DESIGN 2.6), below ``proxy`` and above ``relay`` and ``attempt``.
+"""pd: prefill/decode disaggregation, below ``proxy`` and above ``relay`` and ``attempt``.
 
 One interface, ``PDDispatcher.forward``, and one module per way the KV moves from a prefill to a decode
 worker: ``bootstrap`` (SGLang: both legs at once, paired through a bootstrap room; ``--pd-mode sglang``, the

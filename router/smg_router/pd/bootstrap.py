@@ -1,4 +1,4 @@
-"""Prefill/decode dual dispatch, SGLang bootstrap mode (``--pd-mode sglang``, the default; DESIGN 2.6).
+"""Prefill/decode dual dispatch, SGLang bootstrap mode (``--pd-mode sglang``, the default).
 
 Per request: the prefill policy picks a prefill worker and the decode policy a decode worker, each
 independently and each with its own tree.  The body gets ``bootstrap_host`` (the prefill worker's

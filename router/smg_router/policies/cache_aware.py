@@ -39,20 +39,20 @@ routable workers:
    tell it every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
    ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N replicas
    about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with it: first
-   (but for the slot engines without a free slot: a prompt there evicts a whole one, session 17) the workers with the
+   (but for the slot engines without a free slot: a prompt there evicts a whole one) the workers with the
    least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes the prompt at
    once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the least loaded (a
    new group or a unique prompt goes where it waits least; the group's next requests follow it as hits; before the
-   prefill came first, unique prompts' TTFT p99 was twice round_robin's, session 13). A replica in sync with its peers
+   prefill came first, unique prompts' TTFT p99 was twice round_robin's). A replica in sync with its peers
    knows what the fleet holds from every replica's routes but the prefills only from its own, so it asks first for room,
    then for the fewest prompts of this one's size held (``_prompts_held``: a new group goes where fewer are, so the
    groups and their traffic spread evenly, whatever the hash draw: 6 documents of 16k on 4 workers went 3/2/1/0 by rank
-   with room, and the worker with three spilled; session 16), then the prefills. One of several replicas out of sync
+   with room, and the worker with three spilled), then the prefills. One of several replicas out of sync
    places every miss on the first-ranked worker, as the others do: a move judged from one replica's partial tree is a
    move the others do not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one
-   does; docs/benchmarks.md, session 10; with peers 2-8 replicas cache about what one does, session 12). Measured on the
-   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices, session 8) -> 0.86 (every worker) -> 0.87 (and
-   the slack, session 11) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load decides it)
+   does; with peers 2-8 replicas cache about what one does). Measured on the
+   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices) -> 0.86 (every worker) -> 0.87 (and
+   the slack) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load decides it)
    is placed as a miss is, so a lone router sends it where it waits least, not behind another burst; replicas in sync
    with their peers spill by rank alone, so that every one spills a hot prefix to the same worker (by their own prefills
    they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
@@ -113,7 +113,7 @@ UNKNOWN_SLOTS = 16
 
 class _Counts:
     """One model's decision series, resolved on its first decision and kept (model-labelled series are never
-    removed): a ``labels()`` per metric per request cost more than the counting itself (issue 12)."""
+    removed): a ``labels()`` per metric per request cost more than the counting itself (`bench/request_path.py`)."""
 
     __slots__ = ("_branches", "_decisions", "_labels", "chosen", "fleet", "hits", "misses", "ratio")
 
@@ -368,7 +368,8 @@ class CacheAwarePolicy(Policy):
         # one criterion after the other, each asked only of the workers the ones before left tied (under load the
         # prefill order alone decides, and the room checks are not made); a criterion that ties them all by
         # construction is not asked (no slot engine among them, none prefilling, none past the slack): the same
-        # choice, without a call per worker per criterion on every miss (issue 12).  One pass finds which those are.
+        # choice, without a call per worker per criterion on every miss (`bench/request_path.py`).
+        # One pass finds which those are.
         slots = self.ctx.loads.slots
         least, prefilling, slot_engines = loads[among[0]], False, False
         for i in among:

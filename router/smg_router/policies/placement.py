@@ -7,9 +7,9 @@ key moves only when its worker leaves, becomes unroutable or goes over the gate.
 
 The key is one blake2b digest of the leading chars, as an integer; a worker's score for it is a 64-bit mix of
 the key and the worker's own digest (splitmix64's finalizer over their xor), a few integer operations instead
-of a keyed blake2b per worker (that was 3% of a router's busy time, issue 12).  Each score still depends on the
-key and that worker only, so a worker that leaves moves only its own keys.  The ranking changed with it
-(session 14): replicas of a version before and after rank differently while a rolling upgrade runs, and a
+of a keyed blake2b per worker (that was 3% of a router's busy time in the proxy benchmark's profile).  Each score
+still depends on the key and that worker only, so a worker that leaves moves only its own keys.  The ranking
+changed with it: replicas of a version before and after rank differently while a rolling upgrade runs, and a
 session key pinned before may move once.
 """
 

@@ -176,7 +176,7 @@ def readiness(router: Router) -> tuple[int, str]:
 def test_a_replica_is_ready_once_in_sync_with_its_peers_or_after_the_grace(tmp_path: Path, sims: list[Sim]) -> None:
     """A new replica takes traffic in sync with the others: ``/readiness`` answers 503 ``peers_not_in_sync`` while a
     peer has not answered yet, though its workers are routable (its first requests would not claim their prefills:
-    two replicas' first requests on one new prompt made the engine prefill it twice, session 19), and 200 as soon
+    two replicas' first requests on one new prompt made the engine prefill it twice), and 200 as soon
     as every peer answered; a peer that never answers holds it back for ``--peers-ready-grace`` seconds at most."""
     urls = [s.url for s in sims]
     port_a, port_b, dead = free_ports(3)

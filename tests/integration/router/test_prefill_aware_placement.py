@@ -1,5 +1,5 @@
 """A router alone places a new prompt where its prefill waits least: engines prefill before they decode, so a
-prompt sent to a worker busy prefilling another waits for it (issue 11: unique prompts' TTFT tail against
+prompt sent to a worker busy prefilling another waits for it (the routing benchmark: unique prompts' TTFT tail against
 round_robin).  Shown on real ``smg-sim`` engines: what the router's ``/workers`` says each worker prefills, and
 which worker the engine says served each request."""
 

@@ -1,8 +1,8 @@
-"""A burst on one new prefix waits for its first prefill (``attempt.Holds``, issue 11's bursty workload): requests that
-arrive together with the same leading chars all go to the worker the first one is placed on, which caches the prefix
-only once its prefill is done; sent at once, each prefills the whole prefix.  Shown on a real ``smg-sim`` engine by the
-cached tokens it reports, with the hold and without it (the premise: an engine busy decoding when the burst arrives
-admits the whole burst into one prefill step, and caches none of it for the others)."""
+"""A burst on one new prefix waits for its first prefill (``attempt.Holds``; the routing benchmark's bursty workload):
+requests that arrive together with the same leading chars all go to the worker the first one is placed on, which
+caches the prefix only once its prefill is done; sent at once, each prefills the whole prefix. Shown on a real
+``smg-sim`` engine by the cached tokens it reports, with the hold and without it (the premise: an engine busy
+decoding when the burst arrives admits the whole burst into one prefill step, and caches none of it for the others)."""
 
 from __future__ import annotations
 
@@ -291,7 +291,8 @@ def test_a_burst_on_a_prefix_its_worker_holds_stays_whole_there(tmp_path: Path) 
     """A burst on a prefix one worker already holds, sent at once: none of it has started its answer when its 6th
     request is routed, so the load gate counts them as one prefill (``Worker.joining``) and all 8 go to the holder,
     which serves them from its cache.  Counted one by one, the 6th-8th were over the gate (abs 4) and spilled to the
-    other worker, which prefilled the prefix once more (issue 11's bursty workload: a group's second burst)."""
+    other worker, which prefilled the prefix once more (the routing benchmark's bursty workload: a group's second
+    burst)."""
     sims = [start_sim(tmp_path, time_scale=1.0, extra=SLOW) for _ in range(2)]
     r = start_router(tmp_path, workers=[s.url for s in sims])
     try:

@@ -1,4 +1,4 @@
-"""The profiler of the request path (``bench/profile_proxy.py``, issue 12's "where a request's time goes"): its
+"""The profiler of the request path (``bench/profile_proxy.py``, "where a request's time goes"): its
 bucket rules on made-up stacks, then a short run of the tool itself (py-spy attached to a real router under wrk load,
 smg-sim workers on loopback), whose samples must land in the buckets the rules name, not in "other".  Asserts
 behaviour, not speed: the shares themselves are in docs/benchmarks.md."""

@@ -1,4 +1,4 @@
-"""Routing controls end to end (issue 13 item 3) through smg-router against four smg-sim workers: session keys,
+"""Routing controls end to end through smg-router against four smg-sim workers: session keys,
 routing tokens, the routed worker's headers and model aliases.  Where a request went is read from the router's
 response headers and checked against the workers' own request counts (``sglang:num_requests_total``)."""
 

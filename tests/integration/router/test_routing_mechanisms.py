@@ -1,4 +1,4 @@
-"""The cache-aware mechanisms of issue 11, shown on the cached tokens real ``smg-sim`` engines report (never on
+"""The cache-aware mechanisms, shown on the cached tokens real ``smg-sim`` engines report (never on
 times): router replicas that never talk agree on where a new prefix goes; a cache namespace never matches
 another; the tree forgets what the engine evicted."""
 

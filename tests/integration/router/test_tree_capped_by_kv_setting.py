@@ -1,4 +1,4 @@
-"""A worker's ``kv_capacity_tokens`` (issue 11) on a real router and a real ``smg-sim``: it caps the worker's
+"""A worker's ``kv_capacity_tokens`` on a real router and a real ``smg-sim``: it caps the worker's
 tree share in place of the capacity the engine reports, and a PATCH of it takes effect on the next upkeep round."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The first-byte and stream-idle timeouts (DESIGN 6.1): both transports in process against a raw-socket
+"""The first-byte and stream-idle timeouts: both transports in process against a raw-socket
 worker, then the router as a real process in front of hung, stalled and stopped workers.
 
 A worker that sends no response headers in time fails the attempt like a connect error (retried on

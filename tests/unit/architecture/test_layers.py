@@ -1,4 +1,4 @@
-"""The dependency rules of the layout (STYLE.md), checked on the source: layers only point downward."""
+"""The dependency rules of the layout (docs/architecture.md), checked on the source: layers only point downward."""
 
 from __future__ import annotations
 

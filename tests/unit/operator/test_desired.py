@@ -176,7 +176,7 @@ def test_the_drain_annotation_marks_a_pod_worker_draining_and_the_plan_drains_an
         assert not desired_workers(namespace="ns", name="p", uid="U", spec=SPEC, pods=[other]).workers[0].draining
 
 
-# -- IPv6 (issue 10 item 5) ----------------------------------------------------------------------------
+# -- IPv6 --------------------------------------------------------------------------------------------
 def test_ipv6_pod_and_router_urls_put_the_address_in_brackets() -> None:
     d = desired_workers(
         namespace="ns", name="w", uid="u", spec={"selector": {"matchLabels": {"app": "w"}}}, pods=[pod("a", "fd00::5")]
@@ -189,7 +189,7 @@ def test_ipv6_pod_and_router_urls_put_the_address_in_brackets() -> None:
     assert [r.url for r in v4] == ["http://10.0.0.7:30000"]  # IPv4 stays bare
 
 
-# -- kvCapacityTokens (issue 11) -------------------------------------------------------------------------------
+# -- kvCapacityTokens ------------------------------------------------------------------------------------------
 def test_kv_capacity_tokens_goes_into_every_registration_and_a_change_replaces_them() -> None:
     spec = {**SPEC, "kvCapacityTokens": 4096, "endpoints": ["http://127.0.0.9:7000"]}
     d = desired_workers(namespace="ns", name="p", uid="U", spec=spec, pods=[pod("a", "127.0.0.2")])

@@ -1,5 +1,5 @@
 """One reconcile pass under the tenancy allow-lists, with real router calls to a closed port: a refused router
-gets no call at all, and a refused static endpoint empties the desired set (issue 10 item 2)."""
+gets no call at all, and a refused static endpoint empties the desired set."""
 
 from __future__ import annotations
 

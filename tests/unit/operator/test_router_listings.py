@@ -1,5 +1,5 @@
 """The passes of many SMGWorkers share one ``GET /workers`` per replica: joined while in flight, reused while
-young, never after this client changed the replica, never when it failed (issue 10: reconciles that scale)."""
+young, never after this client changed the replica, never when it failed (reconciles that scale)."""
 
 from __future__ import annotations
 

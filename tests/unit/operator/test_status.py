@@ -89,7 +89,7 @@ def test_a_status_differs_only_by_more_than_its_sync_times() -> None:
     assert differs(unreachable, first)
 
 
-# -- Ready means ready (issue 10 item 6) ---------------------------------------------------------------
+# -- Ready means ready ---------------------------------------------------------------------------------
 def _ready(replicas, *, desired=None, **observed):
     obs = Observed(desired=desired or Desired(tuple(W), 2), replicas=replicas, **observed)
     status, events = build_status(obs, generation=1, now="T", previous=None)

@@ -1,5 +1,5 @@
 """Pure tenancy policy: which router Services an SMGWorker may target, which static endpoints it may register,
-and the flags that set both (issue 10 item 2)."""
+and the flags that set both."""
 
 from __future__ import annotations
 

@@ -685,7 +685,7 @@ async def test_a_turn_whose_claim_went_leads_before_its_request_resumes() -> Non
     """A first turn's claim answered with no leader goes: from that moment the router answers a peer's claim on the
     prompt that it leads, though its request's task resumes a loop pass later.  It answered that it led nothing in
     that gap (the claim was gone, the turn still counted as in its claim): the peer's turn ran beside it and the engine
-    gave the second another slot (4 replicas on 4 llama.cpp engines, session 19: 2-4 misses a run, found in per-claim
+    gave the second another slot (4 replicas on 4 llama.cpp engines: 2-4 misses a run, found in per-claim
     logs).  Released from a yield instead, it still leads nothing until it claims again (the test above)."""
     worker, registry, metrics, _, peers, holds = _slot_engine_holds("a")
     url = worker.url

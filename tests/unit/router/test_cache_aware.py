@@ -1,4 +1,4 @@
-"""cache_aware decisions against the rule of DESIGN 2.3, with real metrics and a real load view."""
+"""cache_aware decisions against the rule of docs/architecture.md, with real metrics and a real load view."""
 
 from __future__ import annotations
 
@@ -964,8 +964,8 @@ def test_requests_on_a_prefix_not_yet_prefilled_count_as_one_for_a_request_that_
 def test_a_replica_in_sync_puts_a_new_group_where_the_fewest_prompts_of_its_size_are_held() -> None:
     """In sync with its peers, a replica places a miss among the workers with room on the one whose share holds the
     fewest prompts of its size (rank only breaks ties): not a third document onto a worker that holds two while
-    another holds none, whatever the hash draw (issue 11's long workload: 4 of 6 documents ranked first on one
-    worker)."""
+    another holds none, whatever the hash draw (the routing benchmark's long workload: 4 of 6 documents ranked first on
+    one worker)."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     peers, p, workers = _one_of_four_replicas((2, 3, 4))

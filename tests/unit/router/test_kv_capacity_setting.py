@@ -1,4 +1,4 @@
-"""A worker's ``kv_capacity_tokens`` (issue 11): validated in its spec, and it caps the worker's tree share in
+"""A worker's ``kv_capacity_tokens``: validated in its spec, and it caps the worker's tree share in
 place of what its engine reports (an operator who sets it knows the engine's usable share)."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_parse_loads_sums_ranks_and_refuses_garbage() -> None:
         b'{"dp_rank": 1, "num_running_reqs": 499999996, "num_waiting_reqs": 499999997}]}'
     )
     assert parse_loads(body) == 10**9  # exact at the bound (MAX_BACKLOG)
-    # issue 9: negative, non-numeric and absurd counters are a bad report, not 0 or a huge load
+    # negative, non-numeric and absurd counters are a bad report, not 0 or a huge load
     # (hostile numbers in full: test_load_parsing.py)
     for bad in (
         b'{"loads": [{"num_running_reqs": -5}]}',
