@@ -4,6 +4,9 @@ Starts N smg-sim workers as subprocesses on 127.0.0.2, 127.0.0.3, ... (all of 12
 worker has its own address and the same port, like pods in a cluster), waits until they are healthy,
 then runs the router (`python -m smg_router`, launched by module name: this package never imports the
 router) in front of them. SIGINT/SIGTERM are forwarded and every child is stopped on exit.
+
+A worker that exits while the demo runs is reported and restarted on the same address (so that killing
+one shows the router's fault handling instead of ending the demo); only the router's exit ends it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,19 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 
 #: Seconds given to children to exit after SIGTERM before they are killed.
 STOP_GRACE_S = 5.0
+#: Seconds before a lost worker is restarted: long enough to see the router route around it.
+RESTART_DELAY_S = 2.0
+#: The longest restart delay: a worker that keeps dying is retried this often, not in a storm.
+RESTART_DELAY_MAX_S = 30.0
+#: A worker that ran at least this long before it exited is restarted after RESTART_DELAY_S again.
+STABLE_RUN_S = 10.0
+#: The router's health-check interval in the demo: a lost worker leaves and rejoins /workers within seconds.
+HEALTH_CHECK_INTERVAL_S = 1.0
 
 
 def worker_hosts(count: int) -> list[str]:
@@ -36,7 +48,11 @@ def worker_hosts(count: int) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="smg-demo",
-        description="Run smg-sim workers behind the SMG router.",
+        description=(
+            "Run smg-sim workers behind the SMG router. A worker that exits (kill one to watch the router route"
+            f" around it) is restarted on its address after {RESTART_DELAY_S:g} s, backing off up to"
+            f" {RESTART_DELAY_MAX_S:g} s if it keeps dying; the router's exit ends the demo."
+        ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--workers", type=int, default=3, help="number of simulated workers")
@@ -76,6 +92,19 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def restart_delay(previous: float | None, ran_for: float) -> float:
+    """Seconds before restarting a worker that ran ``ran_for`` s: doubled from ``previous`` when it died soon
+    after its last (re)start, so a worker that cannot stay up is not restarted in a storm."""
+    if previous is None or ran_for >= STABLE_RUN_S:
+        return RESTART_DELAY_S
+    return min(RESTART_DELAY_MAX_S, previous * 2)
+
+
+def _exit_status(returncode: int) -> str:
+    """``signal 9`` for a killed child, ``code 1`` for one that exited by itself."""
+    return f"signal {-returncode}" if returncode < 0 else f"code {returncode}"
+
+
 def _describe(proc: subprocess.Popen[bytes]) -> str:
     """The child's role for messages: its module and first flags (``smg_sim --host 127.0.0.2``)."""
     args = proc.args
@@ -84,14 +113,40 @@ def _describe(proc: subprocess.Popen[bytes]) -> str:
     return str(args)
 
 
+@dataclass
+class _Worker:
+    """One smg-sim child and what it takes to bring it back: its command, and when to restart it."""
+
+    url: str
+    cmd: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    delay: float | None = None
+    """The last restart delay (None before the first loss): the back-off doubles it."""
+    restart_at: float | None = None
+    """When the lost worker is due to be restarted (None while it runs)."""
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+
+
 class _Demo:
-    """The running fleet: child processes plus the stop flag set by signals."""
+    """The running fleet: worker and router processes plus the stop flag set by signals."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.workers: list[_Worker] = []
+        self.router: subprocess.Popen[bytes] | None = None
         self.stop = threading.Event()
         self.worker_urls = [f"http://{h}:{args.worker_port}" for h in worker_hosts(args.workers)]
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """Every child started so far that may still run (the current process of each worker)."""
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        return procs + ([self.router] if self.router is not None else [])
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         for proc in self.procs:
@@ -102,7 +157,7 @@ class _Demo:
 
     def start_workers(self) -> None:
         a = self.args
-        for host in worker_hosts(a.workers):
+        for host, url in zip(worker_hosts(a.workers), self.worker_urls, strict=True):
             cmd = [
                 sys.executable,
                 "-m",
@@ -118,7 +173,9 @@ class _Demo:
                 "--max-running",
                 str(a.max_running),
             ]
-            self.procs.append(subprocess.Popen(cmd))
+            worker = _Worker(url, cmd)
+            self.workers.append(worker)
+            worker.start()
 
     def wait_healthy(self) -> bool:
         deadline = time.monotonic() + self.args.health_timeout
@@ -152,16 +209,19 @@ class _Demo:
             a.policy,
             "--shutdown-delay",
             "0",
+            "--health-check-interval",
+            str(HEALTH_CHECK_INTERVAL_S),
             "--worker-urls",
             *self.worker_urls,
         ]
-        self.procs.append(subprocess.Popen(cmd))
+        self.router = subprocess.Popen(cmd)
 
     def wait_router(self) -> bool:
         """Until the router accepts connections (a TCP check: no assumption about its routes)."""
+        assert self.router is not None
         deadline = time.monotonic() + self.args.health_timeout
         while not self.stop.is_set():
-            if self.procs[-1].poll() is not None:
+            if self.router.poll() is not None:
                 print("smg-demo: the router exited during start-up", file=sys.stderr)
                 return False
             address = (self.args.host, self.args.port)
@@ -177,6 +237,8 @@ class _Demo:
         a = self.args
         target = self.worker_urls[0] if a.no_router else f"http://{a.host}:{a.port}"
         print(f"smg-demo: workers ready: {' '.join(self.worker_urls)}", flush=True)
+        pids = " ".join(f"{w.url}={w.proc.pid}" for w in self.workers if w.proc is not None)
+        print(f"smg-demo: worker pids: {pids} (kill one: the demo restarts it)", flush=True)
         if not a.no_router:
             print(f"smg-demo: router ({a.policy}) on {target}", flush=True)
         body = json.dumps({"model": a.model, "messages": [{"role": "user", "content": "Hello"}]})
@@ -188,14 +250,35 @@ class _Demo:
             flush=True,
         )
 
+    def tend_workers(self) -> None:
+        """Report each newly lost worker and schedule its restart; restart those that are due."""
+        if self.stop.is_set():
+            return  # a Ctrl-C reaches the workers too: their exit is the demo's end, not a loss
+        now = time.monotonic()
+        for w in self.workers:
+            if w.restart_at is None and w.proc is not None and w.proc.poll() is not None:
+                w.delay = restart_delay(w.delay, now - w.started_at)
+                w.restart_at = now + w.delay
+                around = "" if self.args.no_router else "; the router routes around it"
+                print(
+                    f"smg-demo: worker {w.url} exited ({_exit_status(w.proc.returncode)}){around};"
+                    f" restarting it in {w.delay:g} s",
+                    flush=True,
+                )
+            elif w.restart_at is not None and now >= w.restart_at:
+                w.start()
+                assert w.proc is not None
+                print(f"smg-demo: worker {w.url} restarted (pid {w.proc.pid})", flush=True)
+
     def wait(self) -> int:
-        """Block until a signal (exit 0) or until a child dies (exit 1)."""
+        """Block until a signal (exit 0) or until the router dies (exit 1), restarting lost workers meanwhile."""
         while not self.stop.wait(0.2):
-            dead = [p for p in self.procs if p.poll() is not None]
-            if dead:
-                what = _describe(dead[0])
-                print(f"smg-demo: {what} exited with {dead[0].returncode}; stopping", file=sys.stderr, flush=True)
+            if self.router is not None and self.router.poll() is not None:
+                what = _describe(self.router)
+                code = _exit_status(self.router.returncode)
+                print(f"smg-demo: {what} exited ({code}); stopping", file=sys.stderr, flush=True)
                 return 1
+            self.tend_workers()
         return 0
 
 
