@@ -8,7 +8,7 @@ arrives, and not at once everywhere):
 3. Streams still running end with an error event and ``[DONE]``; the app stops (upstream connections closed,
    background tasks cancelled) and the process exits 0.
 
-The collector (issue 12): a request allocates a few dozen container objects (the parsed body, futures, headers)
+The collector: a request allocates a few dozen container objects (the parsed body, futures, headers)
 that refcounting frees, but every 700 allocations CPython runs a young collection anyway; measured under load
 (c=64 chat, 30 s) that was 215 collections, ~33 µs per request, 4-8% of the router's CPU.  A young generation of
 GC_YOUNG_THRESHOLD objects made it 10 collections, ~8 µs per request, longest pause 33 ms against 52 ms.  The

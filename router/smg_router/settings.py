@@ -272,8 +272,12 @@ named ``smg`` sets ``SMG_PORT=tcp://10.96.0.7:30000``, which is no port number. 
 so one is a collision, not a setting, and is ignored."""
 
 
+def _var(name: str) -> str:
+    return "SMG_" + name.upper().replace("-", "_")
+
+
 def _env(name: str, default: object) -> object:
-    var = "SMG_" + name.upper().replace("-", "_")
+    var = _var(name)
     raw = os.environ.get(var)
     if raw is not None and SERVICE_LINK.fullmatch(raw):
         logging.getLogger(__name__).warning(
@@ -283,39 +287,293 @@ def _env(name: str, default: object) -> object:
     return default if raw is None else raw
 
 
+DESIGN_NUMBERS = frozenset({"--port", "--admin-port"})
+"""The numeric flags that are no tuning knob.  Every other flag of type int or float is one: its help starts with
+``tuning:`` and its default is followed by the reason for it: ``(default: VALUE; REASON)``, from
+``add(..., why=...)``."""
+
+
+def _shown(default: object) -> str:
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="smg-router",
         description="Cache-aware router for LLM inference workers. Every flag --x-y is also read "
-        "from the environment variable SMG_X_Y.",
+        "from the environment variable SMG_X_Y; a flag on the command line wins. A help that starts with "
+        "'tuning:' is a number to tune, with the reason for its default.",
     )
 
-    def add(flag: str, default: object, *, type: Callable[[str], object] = str, help: str) -> None:
-        p.add_argument(flag, default=_env(flag.lstrip("-"), default), type=type, help=help)
+    def add(
+        group: argparse._ArgumentGroup,
+        flag: str,
+        default: object,
+        *,
+        type: Callable[[str], object] = str,
+        help: str,
+        why: str | None = None,
+        secret: bool = False,
+    ) -> None:
+        """A flag whose default the environment may replace.  ``why``: a tuning knob, and the reason for its
+        default; ``secret``: a token, whose value the help never shows (not even one from the environment)."""
+        value = _env(flag.lstrip("-"), default)
+        if why is not None:
+            help = f"tuning: {help} (default: {_shown(default)}; {why})"
+        elif default is not None and not secret:
+            help = f"{help} (default: {_shown(default)})"
+        if value is not default and not secret:
+            help += f" [now %(default)s, from {_var(flag.lstrip('-'))}]"
+        group.add_argument(flag, default=value, type=type, help=help)
 
     s, pol, ld, h, r = ServerSettings(), PolicySettings(), LoadSettings(), HealthSettings(), RetrySettings()
-    add("--host", s.host, help="address to listen on")
-    add("--port", s.port, type=int, help="port to listen on")
-    add("--admin-port", s.admin_port, type=int, help="port of the lifecycle mutations alone (0: --port)")
-    p.add_argument(
+
+    serving = p.add_argument_group(
+        "serving", "where the router listens, the workers it starts with, and the model names it answers to"
+    )
+    add(serving, "--host", s.host, help="address to listen on")
+    add(serving, "--port", s.port, type=int, help="port to listen on")
+    serving.add_argument(
         "--worker-urls",
         nargs="*",
         default=_split(_env("worker-urls", "")),
         help="regular workers to register at start (SMG_WORKER_URLS: comma or space separated)",
     )
-    p.add_argument(
+    add(serving, "--model-id", None, help="model served by --worker-urls (default: ask each worker)")
+    serving.add_argument(
+        "--model-alias",
+        action="append",
+        metavar="PUBLIC=SERVED",
+        default=_entries(_env("model-alias", "")),
+        help="a model name clients may use for a served model; repeatable (SMG_MODEL_ALIAS: comma separated)",
+    )
+    add(
+        serving,
+        "--api-key",
+        None,
+        secret=True,
+        help="bearer token required by the data plane (generation endpoints, /v1/models); unset: open",
+    )
+
+    routing = p.add_argument_group("routing", "which worker a request goes to: the policy and its cache-aware tree")
+    add(routing, "--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
+    add(
+        routing,
+        "--routing-key-header",
+        RoutingSettings().key_header,
+        help="request header whose value pins a session to a worker (consistent hashing under the load gate; "
+        "empty: off)",
+    )
+    add(
+        routing,
+        "--cache-threshold",
+        pol.cache_threshold,
+        type=float,
+        help="minimum prefix match rate for a hit",
+        why="the SGLang router's default",
+    )
+    add(
+        routing,
+        "--balance-abs-threshold",
+        pol.balance_abs_threshold,
+        type=int,
+        help="load gate: a worker is over it when its load exceeds the least loaded one's by more than this ...",
+        why="not the SGLang router's 64: on the routing benchmark 4 kept 0.84 of the tokens cached, 64 kept 0.70",
+    )
+    add(
+        routing,
+        "--balance-rel-threshold",
+        pol.balance_rel_threshold,
+        type=float,
+        help="... and is more than the least load times this",
+        why="the SGLang router's default",
+    )
+    add(
+        routing,
+        "--placement-prefix-chars",
+        pol.placement_prefix_chars,
+        type=int,
+        help="leading chars of a new prompt hashed to place it (the same worker on every replica)",
+        why="long enough to get past a shared system prompt, short enough to be the same for every request of a "
+        "prompt group",
+    )
+    add(
+        routing,
+        "--placement-choices",
+        pol.placement_choices,
+        type=int,
+        help="a miss goes to the best-ranked of this many workers with KV room left for it (the 1st when none "
+        "has); 0: every worker; 1: the 1st always",
+        why="every worker, since one replica on the routing benchmark cached 0.861 of the tokens with it, 0.808 "
+        "with the better of two",
+    )
+    add(
+        routing,
+        "--tree-chars-per-token",
+        pol.tree_chars_per_token,
+        type=float,
+        help="a worker's tree share is capped at its engine's KV tokens times this (0: no cap)",
+        why="the low side of English text's ~4 chars a token, since forgetting a prefix early costs little",
+    )
+    add(
+        routing,
+        "--warmup-seconds",
+        pol.warmup_seconds,
+        type=float,
+        help="a worker that joined a serving fleet takes the hits placed on it for this long (0: off)",
+        why="two minutes, one default --eviction-interval; not measured",
+    )
+    add(
+        routing,
+        "--prefill-hold-seconds",
+        pol.prefill_hold_seconds,
+        type=float,
+        help="requests on a new prefix wait at most this long for the first one's prefill on their worker (0: off)",
+        why="only a bound: a hold ends as soon as the first request's answer starts",
+    )
+    add(
+        routing,
+        "--eviction-interval",
+        pol.eviction_interval,
+        type=float,
+        help="seconds between tree evictions",
+        why="the SGLang router's default",
+    )
+    add(
+        routing,
+        "--max-tree-size",
+        pol.max_tree_size,
+        type=int,
+        help="characters per worker per tree",
+        why="2**26, the SGLang router's default",
+    )
+    add(
+        routing,
+        "--tree-memory-budget",
+        pol.tree_memory_budget,
+        type=int,
+        help="estimated bytes all cache-aware trees may hold together; past it they are LRU-evicted to 80%%",
+        why="256 MiB: fits the chart's 1 GiB memory limit beside the request bodies and the runtime",
+    )
+
+    limits = p.add_argument_group(
+        "limits and timeouts", "admission, upstream timeouts, retries and circuit breakers, graceful shutdown"
+    )
+    add(
+        limits,
+        "--max-payload-size",
+        s.max_payload_size,
+        type=int,
+        help="largest request body in bytes (413 above)",
+        why="8 MiB: a long prompt is a few MB of JSON",
+    )
+    add(
+        limits,
+        "--max-concurrent-requests",
+        s.max_concurrent_requests,
+        type=int,
+        help="generation requests answered at once (503 with Retry-After above)",
+        why="4 times the SGLang router's 256; not measured",
+    )
+    add(
+        limits,
+        "--max-inflight-bytes",
+        s.max_inflight_bytes,
+        type=int,
+        help="request body bytes held at once (503 with Retry-After above)",
+        why="128 MiB: about 4x that while parsed fits the chart's 1 GiB memory limit beside the trees' 256 MiB",
+    )
+    add(
+        limits,
+        "--body-timeout",
+        s.body_timeout,
+        type=float,
+        help="seconds a request body may go without a byte arriving (a 408 past it)",
+        why="nginx's client_body_timeout default",
+    )
+    add(
+        limits,
+        "--request-timeout",
+        s.request_timeout,
+        type=float,
+        help="upper bound in seconds of one upstream request, streaming included",
+        why="the SGLang router's default",
+    )
+    add(
+        limits,
+        "--first-byte-timeout",
+        s.first_byte_timeout,
+        type=float,
+        help="seconds from sending a request to a worker until its response headers; past it the attempt is "
+        "retried elsewhere (or a 504)",
+        why="generous: a long prompt's queueing + prefill under load takes tens of seconds, and engines send a "
+        "non-streaming answer's headers only after its last token",
+    )
+    add(
+        limits,
+        "--stream-idle-timeout",
+        s.stream_idle_timeout,
+        type=float,
+        help="longest silence in seconds between two pieces of a worker's response body, the wait for a stream's "
+        "first token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)",
+        why="room for a stream's queueing + prefill, which it includes",
+    )
+    add(
+        limits,
+        "--max-retries",
+        r.max_retries,
+        type=int,
+        help="retries on another worker before the first byte",
+        why="three attempts in all; not measured",
+    )
+    add(
+        limits,
+        "--breaker-failure-threshold",
+        r.breaker_failure_threshold,
+        type=int,
+        help="consecutive failures that open a worker's circuit breaker",
+        why="half the SGLang router's 10; not measured",
+    )
+    add(
+        limits,
+        "--breaker-cooldown",
+        r.breaker_cooldown,
+        type=float,
+        help="seconds an open breaker waits before a half-open trial",
+        why="two default --health-check-interval periods; not measured",
+    )
+    add(
+        limits,
+        "--shutdown-delay",
+        s.shutdown_delay,
+        type=float,
+        help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)",
+        why="as long as the chart's preStop wait for the endpoints to drop the pod; not measured",
+    )
+    add(
+        limits,
+        "--shutdown-timeout",
+        s.shutdown_timeout,
+        type=float,
+        help="then seconds for in-flight requests and streams to finish before the rest are ended",
+        why="Kubernetes' default terminationGracePeriodSeconds",
+    )
+
+    pd = p.add_argument_group("prefill/decode disaggregation", "each request to a prefill and a decode worker")
+    pd.add_argument(
         "--pd-disaggregation",
         action="store_true",
         default=str(_env("pd-disaggregation", "")).lower() in ("1", "true", "yes"),
         help="prefill/decode disaggregation: route each request to a prefill and a decode worker",
     )
     add(
+        pd,
         "--pd-mode",
         "sglang",
         help=f"PD protocol: {' or '.join(PD_MODES)} (sglang: bootstrap rooms, both legs at once; vllm: the prefill "
         "leg first with max_tokens 1, then the decode leg with the kv_transfer_params it returned)",
     )
-    p.add_argument(
+    pd.add_argument(
         "--prefill",
         nargs="+",
         action="append",
@@ -323,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[e.split() for e in _entries(_env("prefill", ""))],
         help="a prefill worker and its bootstrap port; repeat per worker (SMG_PREFILL: 'URL PORT, URL PORT')",
     )
-    p.add_argument(
+    pd.add_argument(
         "--decode",
         nargs="+",
         action="append",
@@ -331,136 +589,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[e.split() for e in _entries(_env("decode", ""))],
         help="decode worker(s); repeat or list several (SMG_DECODE: comma separated)",
     )
-    add("--model-id", None, help="model served by --worker-urls (default: ask each worker)")
-    add("--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
-    add("--prefill-policy", None, help="PD prefill policy (default --policy)")
-    add("--decode-policy", None, help="PD decode policy (default --policy)")
-    add("--cache-threshold", pol.cache_threshold, type=float, help="minimum prefix match rate for a hit")
-    add("--balance-abs-threshold", pol.balance_abs_threshold, type=int, help="load gate: load - min > this ...")
-    add("--balance-rel-threshold", pol.balance_rel_threshold, type=float, help="... and load > min * this")
-    add(
-        "--placement-prefix-chars",
-        pol.placement_prefix_chars,
-        type=int,
-        help="leading chars of a new prompt hashed to place it (the same worker on every replica)",
+    add(pd, "--prefill-policy", None, help="PD prefill policy (default: --policy)")
+    add(pd, "--decode-policy", None, help="PD decode policy (default: --policy)")
+
+    replicas = p.add_argument_group(
+        "replicas", "the other replicas of this router, told every route so that every tree holds the fleet's"
     )
-    add(
-        "--placement-choices",
-        pol.placement_choices,
-        type=int,
-        help="a miss goes to the best-ranked of this many workers with KV room left for it (the 1st when none "
-        "has); 0: every worker; 1: the 1st always",
-    )
-    add(
-        "--tree-chars-per-token",
-        pol.tree_chars_per_token,
-        type=float,
-        help="a worker's tree share is capped at its engine's KV tokens times this (0: no cap)",
-    )
-    add(
-        "--warmup-seconds",
-        pol.warmup_seconds,
-        type=float,
-        help="a worker that joined a serving fleet takes the hits placed on it for this long (0: off)",
-    )
-    add(
-        "--prefill-hold-seconds",
-        pol.prefill_hold_seconds,
-        type=float,
-        help="requests on a new prefix wait at most this long for the first one's prefill on their worker (0: off)",
-    )
-    add(
-        "--prefill-claim-seconds",
-        pol.prefill_claim_seconds,
-        type=float,
-        help="with peers: a request that leads a new prefix's prefill waits this long at most for the peers' answers"
-        " (0: off)",
-    )
-    add(
-        "--prefill-claim-min-chars",
-        pol.prefill_claim_min_chars,
-        type=int,
-        help="with peers: only a lead whose worker is to prefill at least this many chars claims it",
-    )
-    add("--eviction-interval", pol.eviction_interval, type=float, help="seconds between tree evictions")
-    add("--max-tree-size", pol.max_tree_size, type=int, help="characters per worker per tree")
-    add(
-        "--tree-memory-budget",
-        pol.tree_memory_budget,
-        type=int,
-        help="estimated bytes all cache-aware trees may hold together; past it they are LRU-evicted to 80%%",
-    )
-    add("--load-monitor-interval", ld.interval, type=float, help="seconds between worker load polls")
-    add("--health-check-interval", h.interval, type=float, help="seconds between worker health probes")
-    add("--health-failure-threshold", h.failure_threshold, type=int, help="failed probes before not_ready")
-    add("--max-retries", r.max_retries, type=int, help="retries on another worker before the first byte")
-    add("--breaker-failure-threshold", r.breaker_failure_threshold, type=int, help="failures that open a breaker")
-    add("--breaker-cooldown", r.breaker_cooldown, type=float, help="seconds before a half-open trial")
-    add("--max-payload-size", s.max_payload_size, type=int, help="largest request body in bytes")
-    add(
-        "--max-concurrent-requests",
-        s.max_concurrent_requests,
-        type=int,
-        help="generation requests answered at once (503 with Retry-After above)",
-    )
-    add(
-        "--max-inflight-bytes",
-        s.max_inflight_bytes,
-        type=int,
-        help="request body bytes held at once (503 with Retry-After above)",
-    )
-    add(
-        "--body-timeout",
-        s.body_timeout,
-        type=float,
-        help="seconds a request body may go without a byte arriving (a 408 past it)",
-    )
-    add("--request-timeout", s.request_timeout, type=float, help="upper bound of one upstream request")
-    add(
-        "--first-byte-timeout",
-        s.first_byte_timeout,
-        type=float,
-        help="seconds from sending a request to a worker until its response headers; past it the attempt is "
-        "retried elsewhere (or a 504). Generous because a long prompt's queueing + prefill under load takes "
-        "tens of seconds and engines send a non-streaming answer's headers only after its last token",
-    )
-    add(
-        "--stream-idle-timeout",
-        s.stream_idle_timeout,
-        type=float,
-        help="longest silence between two pieces of a worker's response body, the wait for a stream's first "
-        "token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)",
-    )
-    add("--drain-timeout", s.drain_timeout, type=float, help="seconds DELETE /workers waits for in-flight")
-    add(
-        "--shutdown-delay",
-        s.shutdown_delay,
-        type=float,
-        help="after SIGTERM, seconds to keep serving with /readiness at 503 (endpoint propagation)",
-    )
-    add(
-        "--shutdown-timeout",
-        s.shutdown_timeout,
-        type=float,
-        help="then seconds for in-flight requests and streams to finish before the rest are ended",
-    )
-    add("--admin-api-key", None, help="bearer token required by the lifecycle API (mutations)")
-    add("--api-key", None, help="bearer token required by the data plane (generation endpoints, /v1/models)")
-    add("--log-level", s.log_level, help="debug, info, warning, error")
-    add(
-        "--routing-key-header",
-        RoutingSettings().key_header,
-        help="request header whose value pins a session to a worker (consistent hashing under the load gate; "
-        "empty: off)",
-    )
-    p.add_argument(
-        "--model-alias",
-        action="append",
-        metavar="PUBLIC=SERVED",
-        default=_entries(_env("model-alias", "")),
-        help="a model name clients may use for a served model; repeatable (SMG_MODEL_ALIAS: comma separated)",
-    )
-    p.add_argument(
+    replicas.add_argument(
         "--peer",
         action="append",
         metavar="URL",
@@ -469,17 +604,84 @@ def build_parser() -> argparse.ArgumentParser:
         "hold what the fleet was sent; repeatable (SMG_PEER: comma separated)",
     )
     add(
+        replicas,
         "--peers-dns",
         None,
         help="HOST:PORT of a name that lists every replica (a headless Service), resolved every few seconds: each "
         "address is a peer (this router's own is skipped)",
     )
     add(
+        replicas,
         "--peers-ready-grace",
         PeerSettings().ready_grace,
         type=float,
         help="with peers: /readiness answers 503 until every peer answered (in sync), at most this many seconds after"
         " the start, so that a new replica takes traffic in sync with the others",
+        why="one --peers-dns re-resolution interval; not measured",
+    )
+    add(
+        replicas,
+        "--prefill-claim-seconds",
+        pol.prefill_claim_seconds,
+        type=float,
+        help="with peers: a request that leads a new prefix's prefill waits this long at most for the peers' answers"
+        " (0: off)",
+        why="only a bound: a claim usually waits one round trip between replicas",
+    )
+    add(
+        replicas,
+        "--prefill-claim-min-chars",
+        pol.prefill_claim_min_chars,
+        type=int,
+        help="with peers: only a lead whose worker is to prefill at least this many chars claims it",
+        why="a shorter prefill done twice costs the engine less than a claim costs the routers",
+    )
+
+    admin = p.add_argument_group("admin API", "the worker lifecycle API (POST/PUT/PATCH/DELETE /workers)")
+    add(admin, "--admin-port", s.admin_port, type=int, help="port of the lifecycle mutations alone (0: --port)")
+    add(
+        admin,
+        "--admin-api-key",
+        None,
+        secret=True,
+        help="bearer token required by the lifecycle API (mutations); unset: open",
+    )
+    add(
+        admin,
+        "--drain-timeout",
+        s.drain_timeout,
+        type=float,
+        help="seconds DELETE /workers waits for in-flight requests",
+        why="as long as --shutdown-timeout gives in-flight requests",
+    )
+
+    observability = p.add_argument_group(
+        "observability", "the router's log, and how it watches its workers (load polls, health probes)"
+    )
+    add(observability, "--log-level", s.log_level, help="debug, info, warning, error")
+    add(
+        observability,
+        "--load-monitor-interval",
+        ld.interval,
+        type=float,
+        help="seconds between worker load polls",
+        why="a decision then reads a backlog at most about a second old; not measured",
+    )
+    add(
+        observability,
+        "--health-check-interval",
+        h.interval,
+        type=float,
+        help="seconds between worker health probes",
+        why="with 3 failed probes a dead worker is not_ready within about 15 s; not measured",
+    )
+    add(
+        observability,
+        "--health-failure-threshold",
+        h.failure_threshold,
+        type=int,
+        help="failed probes before not_ready",
+        why="the SGLang router's default",
     )
     return p
 
