@@ -8,6 +8,7 @@ replicas of one cell are launched before any is waited for, so eight replicas st
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -35,23 +36,38 @@ RUST_LOAD_MONITOR_S = 10.0
 @dataclass(frozen=True, slots=True)
 class Target:
     """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13);
-    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``."""
+    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``; a ``~NAME`` suffix adds the flags
+    of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one run."""
 
     kind: str
     policy: str
     peers: bool = False
+    variant: str = ""
+    flags: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.policy}" + ("+peers" if self.peers else "")
+        return (
+            f"{self.kind}:{self.policy}"
+            + ("+peers" if self.peers else "")
+            + (f"~{self.variant}" if self.variant else "")
+        )
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str, variants: Mapping[str, Sequence[str]] | None = None) -> Target:
+        text, tilde, variant = text.partition("~")
         kind, sep, policy = text.partition(":")
         policy, plus, flag = policy.partition("+")
         if not sep or kind not in ("smg", "rust") or not policy or (plus and (flag != "peers" or kind != "smg")):
-            raise ValueError(f"target {text!r}: expected smg:<policy>[+peers] or rust:<policy>")
-        return cls(kind, policy, bool(plus))
+            raise ValueError(f"target {text!r}: expected smg:<policy>[+peers][~VARIANT] or rust:<policy>[~VARIANT]")
+        if tilde and variant not in (variants or {}):
+            raise ValueError(f"target {text}~{variant}: no --variant {variant}=FLAGS")
+        return cls(kind, policy, bool(plus), variant, tuple((variants or {}).get(variant, ())))
+
+
+def parse_variants(specs: Sequence[str]) -> dict[str, list[str]]:
+    """``--variant NAME="FLAGS"`` (repeatable) as a map of names to argument lists."""
+    return {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in specs)}
 
 
 def wait_for(check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.05) -> None:
@@ -162,6 +178,7 @@ class Launch:
                 *("--worker-urls", *self.workers),
                 *(a for p in (peers if t.peers else ()) for a in ("--peer", f"http://127.0.0.1:{p}")),
                 *self.smg_args,
+                *t.flags,
             ]
         return [
             *(self.rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port)),
@@ -171,6 +188,7 @@ class Launch:
             *("--load-monitor-interval", str(max(1, round(RUST_LOAD_MONITOR_S * self.time_scale)))),
             *("--worker-urls", *self.workers),
             *self.rust_args,
+            *t.flags,
         ]
 
     def env(self) -> dict[str, str]:

@@ -47,7 +47,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 import aiohttp  # noqa: E402
-from fleet import Launch, Target, decision_counts, start_replicas, stop_all  # noqa: E402
+from fleet import Launch, Target, decision_counts, parse_variants, start_replicas, stop_all  # noqa: E402
 from oracle import common_prefix_len, oracle_cached  # noqa: E402
 from report import percentile  # noqa: E402
 from support.llamacpp import MODEL_ID, LlamaServer, start_llama_server, tiny_model  # noqa: E402
@@ -102,6 +102,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " tells the router how many prefixes an engine holds (0: not set)",
     )
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), as in run.py',
+    )
     p.add_argument("--rust-bin", default=RUST_BIN)
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and their order")
     p.add_argument("--request-timeout", type=float, default=300.0)
@@ -116,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.ctx = a.ctx or 4096 * a.slots
     a.concurrency = a.concurrency or a.engines
     try:
-        a.targets = [PINNED if t == PINNED else Target.parse(t) for t in a.targets]
+        a.targets = [PINNED if t == PINNED else Target.parse(t, parse_variants(a.variant)) for t in a.targets]
     except ValueError as e:
         p.error(str(e))
     return a

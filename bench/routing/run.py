@@ -36,7 +36,17 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 from capacity import CostModel, fleet_capacity  # noqa: E402
-from fleet import Launch, Target, decision_counts, router_code, start_replicas, start_sims, stop_all, wait_for  # noqa: E402
+from fleet import (  # noqa: E402
+    Launch,
+    Target,
+    decision_counts,
+    parse_variants,
+    router_code,
+    start_replicas,
+    start_sims,
+    stop_all,
+    wait_for,
+)
 from loadgen import drive  # noqa: E402
 from oracle import oracle_cached  # noqa: E402
 from report import markdown, pivot, summarise  # noqa: E402
@@ -79,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per simulated second")
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), e.g. a="--cache-threshold 0.5"',
+    )
     p.add_argument("--rust-bin", default=RUST_BIN)
     p.add_argument("--router-commit", default=None, help="run smg-router of this commit (git archive) on PYTHONPATH")
     p.add_argument(
@@ -100,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}")
     try:
-        a.targets = [Target.parse(t) for t in a.targets]
+        a.targets = [Target.parse(t, parse_variants(a.variant)) for t in a.targets]
     except ValueError as e:
         p.error(str(e))
     return a
