@@ -25,24 +25,23 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import aiohttp
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.procs import free_port, sim_args  # noqa: E402
+
 MODEL = "soak-model"
 PROMPT = "soak " * 40
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -241,23 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             Sim(
                 host,
                 port,
-                [
-                    sys.executable,
-                    "-m",
-                    "smg_sim",
-                    "--host",
+                sim_args(
                     host,
-                    "--port",
-                    str(port),
-                    "--model",
-                    MODEL,
-                    "--time-scale",
-                    "1",
-                    "--max-running",
-                    str(args.max_running),
-                    "--log-level",
-                    "warning",
-                ],
+                    port,
+                    model=MODEL,
+                    time_scale=1,
+                    extra=["--max-running", str(args.max_running), "--log-level", "warning"],
+                ),
             )
         )
     router: subprocess.Popen[bytes] | None = None

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from support.kube import ControlPlane
-from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, wait_until
+from support.procs import MODEL, Router, Sim, free_port, next_host, start_router, start_sim
 
 KEY = "op-test-key"
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +105,7 @@ class Env:
         annotations: dict[str, str] | None = None,
         host: str | None = None,
     ) -> Sim:
-        sim = _start_sim_at(self.logs, host or next_host(), self.worker_port, extra or [])
+        sim = start_sim(self.logs, host=host or next_host(), port=self.worker_port, extra=extra)
         self.sims[pod] = sim
         self.cp.make_ready_pod(self.ns, pod, labels, sim.host, annotations=annotations, finalizers=["smg.test/hold"])
         return sim
@@ -125,30 +124,6 @@ class Env:
     def event_reasons(self, name: str) -> list[str]:
         events = self.cp.api("GET", f"/api/v1/namespaces/{self.ns}/events")["items"]
         return [e["reason"] for e in events if e["involvedObject"].get("name") == name]
-
-
-def _start_sim_at(logs: Path, host: str, port: int, extra: list[str]) -> Sim:
-    args = [
-        sys.executable,
-        "-m",
-        "smg_sim",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        MODEL,
-        "--time-scale",
-        "0.05",
-        *extra,
-    ]
-    sim = Sim(name=f"sim-{host}", args=args, log_path=logs / f"sim-{host}-{port}.log", host=host, port=port)
-    sim.start()
-    wait_until(
-        lambda: not sim.alive() or http_json("GET", sim.url + "/health", timeout=1)[0] == 200, what=f"smg-sim {sim.url}"
-    )
-    assert sim.alive(), sim.log()
-    return sim
 
 
 def pool(

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
@@ -233,6 +233,17 @@ class Router(Proc):
         )
 
 
+def sim_args(
+    host: str, port: int, *, model: str = MODEL, time_scale: float | None = None, extra: Sequence[str] = ()
+) -> list[str]:
+    """The smg-sim command line serving ``model`` on ``host:port``: one spelling for the tests, the benchmarks and
+    the soak.  ``time_scale`` None keeps the sim's own; ``extra`` flags come last."""
+    args = [sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", model]
+    if time_scale is not None:
+        args += ["--time-scale", str(time_scale)]
+    return [*args, *extra]
+
+
 def start_sim(
     tmp: Path,
     *,
@@ -242,22 +253,10 @@ def start_sim(
     time_scale: float = 0.05,
     port: int | None = None,
 ) -> Sim:
+    """An smg-sim process logging under ``tmp``, serving once this returns (stopped if it never does)."""
     host = host or next_host()
     port = port or free_port(host)
-    args = [
-        sys.executable,
-        "-m",
-        "smg_sim",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--model",
-        model,
-        "--time-scale",
-        str(time_scale),
-        *(extra or []),
-    ]
+    args = sim_args(host, port, model=model, time_scale=time_scale, extra=extra or ())
     sim = Sim(name=f"sim-{host}-{port}", args=args, log_path=tmp / f"sim-{host}-{port}.log", host=host, port=port)
     sim.start()
     try:

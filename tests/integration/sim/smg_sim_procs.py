@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from support.procs import sim_args
 
 START_TIMEOUT_S = 15.0
 
@@ -93,22 +94,7 @@ def make_launcher(started: list[SimProcess]) -> SimLauncher:
     def launch(host: str, *extra: str, role: str = "regular", with_bootstrap: bool = False) -> SimProcess:
         port = free_port(host)
         bootstrap_port = free_port(host) if with_bootstrap else None
-        args = [
-            sys.executable,
-            "-m",
-            "smg_sim",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--role",
-            role,
-            "--model",
-            "sim-model",
-            "--log-level",
-            "warning",
-            *extra,
-        ]
+        args = sim_args(host, port, extra=["--role", role, "--log-level", "warning", *extra])
         if bootstrap_port is not None:
             args += ["--bootstrap-port", str(bootstrap_port)]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
