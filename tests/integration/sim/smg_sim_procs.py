@@ -11,9 +11,11 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+import aiohttp
 from support.procs import sim_args
 
 START_TIMEOUT_S = 15.0
@@ -90,7 +92,12 @@ class SimProcess:
 SimLauncher = Callable[..., SimProcess]
 
 
-def make_launcher(started: list[SimProcess]) -> SimLauncher:
+@contextlib.contextmanager
+def launcher() -> Iterator[SimLauncher]:
+    """``launch(host, *flags, role=..., with_bootstrap=...)`` for the block; every process it started is killed
+    when the block ends (a test's or a module's fixture)."""
+    started: list[SimProcess] = []
+
     def launch(host: str, *extra: str, role: str = "regular", with_bootstrap: bool = False) -> SimProcess:
         port = free_port(host)
         bootstrap_port = free_port(host) if with_bootstrap else None
@@ -103,4 +110,14 @@ def make_launcher(started: list[SimProcess]) -> SimLauncher:
         sim.wait_serving()
         return sim
 
-    return launch
+    try:
+        yield launch
+    finally:
+        for sim in started:
+            sim.kill()
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``body`` as JSON: the status and the parsed answer (whatever its content type)."""
+    async with http.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)

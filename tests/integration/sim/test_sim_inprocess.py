@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 from smg_sim import SimConfig, SimServer, start_sim
+from smg_sim_procs import post
 from support.procs import wait_until_async
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with http.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
 
 
 async def test_regular_worker_ignores_bootstrap_fields(http: aiohttp.ClientSession) -> None:

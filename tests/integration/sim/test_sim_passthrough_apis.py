@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 import pytest
 from smg_sim import SimConfig, SimServer, start_sim
+from smg_sim_procs import post
 
 MODEL = "sim-pass"
 
@@ -19,17 +20,6 @@ MODEL = "sim-pass"
 async def sim() -> AsyncIterator[SimServer]:
     async with await start_sim(SimConfig(host="127.0.0.11", port=0, time_scale=0.0, model=MODEL)) as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with http.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
 
 
 async def events(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[tuple[str, str]]:

@@ -6,7 +6,6 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -28,12 +27,6 @@ def prefill(launch_module_sim: SimLauncher) -> SimProcess:
 @pytest.fixture(scope="module")
 def decode(launch_module_sim: SimLauncher) -> SimProcess:
     return launch_module_sim(DECODE_HOST, "--time-scale", "0.02", "--bootstrap-timeout", "1", role="decode")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def boot(prefill: SimProcess, room: Any | None = None) -> dict[str, Any]:

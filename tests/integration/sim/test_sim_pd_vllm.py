@@ -4,12 +4,11 @@ and the clear failures of a decode without them or with a wrong pairing."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from smg_sim_procs import SimLauncher, SimProcess, free_port
+from smg_sim_procs import SimLauncher, SimProcess, free_port, post
 from support.procs import wait_until_async
 
 PREFILL_HOST, OTHER_PREFILL_HOST, DECODE_HOST = "127.0.0.41", "127.0.0.42", "127.0.0.43"
@@ -40,17 +39,6 @@ def other_prefill(launch_module_sim: SimLauncher) -> SimProcess:
 @pytest.fixture(scope="module")
 def decode(launch_module_sim: SimLauncher) -> SimProcess:
     return launch_module_sim(DECODE_HOST, "--vllm-pd", "decode", "--time-scale", "0.02", "--bootstrap-timeout", "2")
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with http.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
 
 
 def chat(text: str, **extra: Any) -> dict[str, Any]:

@@ -49,12 +49,6 @@ async def client(sim: SimProcess) -> AsyncIterator[AsyncOpenAI]:
         yield c
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with http.get(url) as resp:
         return resp.status, await resp.json(content_type=None)
