@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.kube import ControlPlane, write_kubeconfig
-from support.operator_env import KEY, Env, new_env, pool
+from support.operator_env import KEY, Env, leading_own_router, pool, routed_env
 from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import metric_value, wait_until
 from support.tcp_proxy import CuttableProxy
@@ -98,13 +97,10 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_before_the_standby_t
     audited: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     cp = audited
-    e = new_env(cp, tmp_path_factory.mktemp("split"), f"split-{uuid.uuid4().hex[:6]}", replicas=1)
-    e.add_service("smg-router", "smg-router")
-    e.add_router_pod("router-0")
+    e = routed_env(cp, tmp_path_factory.mktemp("split"), "split", replicas=1)
     args = [
-        *("--namespace", e.ns, "--reconcile-interval", "1", "--router-port", str(e.router_port)),
-        *("--router-service", "smg-router", "--router-namespace", e.ns),  # the allowed router
-        *("--leader-election", "--leader-election-namespace", e.ns),
+        *e.operator_args(1),
+        *leading_own_router(e.ns),
         *("--leader-election-lease-duration", str(LEASE), "--leader-election-renew-deadline", str(DEADLINE)),
         *("--leader-election-retry-period", str(RETRY)),
         *("--kube-request-timeout", str(CALL_TIMEOUT), "--router-timeout", str(CALL_TIMEOUT)),

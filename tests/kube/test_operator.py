@@ -4,12 +4,11 @@ router Service's pods, and smg-sim workers as pods on their own loopback address
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import KEY, Env, allow_routers, new_env, pool
+from support.operator_env import KEY, Env, allow_routers, operated_env, pool, routed_env
 from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import MODEL, free_port, http_json, next_host, start_sim, wait_until
 
@@ -18,31 +17,9 @@ INTERVAL = 2.0
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    cp = control_plane
     logs = tmp_path_factory.mktemp("operator-real")
-    e = new_env(cp, logs, f"op-{uuid.uuid4().hex[:6]}")
-    e.add_service("smg-router", "smg-router")
-    e.add_router_pod("router-0")
-    e.add_router_pod("router-1")
-    op = OperatorProcess(
-        logs,
-        cp.kubeconfig,
-        admin_key=KEY,
-        args=[
-            "--namespace",
-            e.ns,
-            "--reconcile-interval",
-            str(INTERVAL),
-            "--router-port",
-            str(e.router_port),
-            *allow_routers(e.ns, "smg-router", "smg-pd"),
-        ],
-    ).start()
-    e.operator = op
-    yield e
-    op.stop()
-    for proc in [*e.routers.values(), *e.sims.values()]:
-        proc.stop()
+    with operated_env(control_plane, logs, "op", routers=("smg-router", "smg-pd"), interval=INTERVAL) as e:
+        yield e
 
 
 def test_pool_is_registered_on_both_replicas_and_survives_pod_and_router_churn(env: Env) -> None:
@@ -183,9 +160,7 @@ def test_pd_pools_drive_a_pd_router_with_the_bootstrap_port_from_the_annotation(
 
 def test_leader_election_runs_one_operator_and_fails_over(control_plane, tmp_path_factory) -> None:
     cp = control_plane
-    e = new_env(cp, tmp_path_factory.mktemp("leader"), f"le-{uuid.uuid4().hex[:6]}", replicas=1)
-    e.add_service("smg-router", "smg-router")
-    e.add_router_pod("router-0")
+    e = routed_env(cp, tmp_path_factory.mktemp("leader"), "le", replicas=1)
     args = [
         "--namespace",
         e.ns,

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import Env, allow_routers, new_env, pool
-from support.operator_proc import SETTLE, OperatorProcess
+from support.operator_env import Env, operated_env, pool
+from support.operator_proc import SETTLE
 from support.procs import Served, Sim, next_host, wait_until
 
 REPLICAS = ("router-0", "router-1")
@@ -22,29 +21,9 @@ REPLICAS = ("router-0", "router-1")
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     logs = tmp_path_factory.mktemp("operator-drains")
-    e = new_env(control_plane, logs, f"drain-{uuid.uuid4().hex[:6]}")
-    e.add_service("smg-router", "smg-router")
-    for pod in REPLICAS:
-        e.add_router_pod(pod)
-    e.router_hosts["router-b"] = next_host()
-    e.operator = OperatorProcess(
-        logs,
-        control_plane.kubeconfig,
-        admin_key="op-test-key",
-        args=[
-            "--namespace",
-            e.ns,
-            "--reconcile-interval",
-            "2",
-            "--router-port",
-            str(e.router_port),
-            *allow_routers(e.ns, "smg-router", "smg-router-b", "smg-router-c"),
-        ],
-    ).start()
-    yield e
-    e.operator.stop()
-    for proc in [*e.routers.values(), *e.sims.values()]:
-        proc.stop()
+    with operated_env(control_plane, logs, "drain", routers=("smg-router", "smg-router-b", "smg-router-c")) as e:
+        e.router_hosts["router-b"] = next_host()
+        yield e
 
 
 def _status(e: Env, pod: str, url: str) -> str | None:

@@ -4,12 +4,10 @@ explicit identity instead, so it starts, leads and reconciles."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import KEY, new_env, pool
-from support.operator_proc import SETTLE, OperatorProcess
+from support.operator_env import leading_own_router, pool, routed_env
+from support.operator_proc import SETTLE
 from support.procs import wait_until
 
 
@@ -17,20 +15,8 @@ def test_the_operator_leads_and_reconciles_where_its_uid_has_no_passwd_entry(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     cp = control_plane
-    e = new_env(cp, tmp_path_factory.mktemp("uid"), f"uid-{uuid.uuid4().hex[:6]}", replicas=1)
-    e.add_service("smg-router", "smg-router")
-    e.add_router_pod("router-0")
-    op = OperatorProcess(
-        e.logs,
-        cp.kubeconfig,
-        admin_key=KEY,
-        no_passwd_entry=True,
-        args=[
-            *("--namespace", e.ns, "--reconcile-interval", "1", "--router-port", str(e.router_port)),
-            *("--router-service", "smg-router", "--router-namespace", e.ns),
-            *("--leader-election", "--leader-election-namespace", e.ns),
-        ],
-    )
+    e = routed_env(cp, tmp_path_factory.mktemp("uid"), "uid", replicas=1)
+    op = e.new_operator(*leading_own_router(e.ns), interval=1, no_passwd_entry=True)
     try:
         try:
             op.start()  # ready: it holds the lease and kopf runs

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import KEY, LOOPBACK, Env, new_env
+from support.operator_env import LOOPBACK, Env, new_env, routed_env
 from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import MODEL, Router, Sim, free_port, http_json, next_host, start_router, start_sim, wait_until
 from support.recording_proxy import RecordingProxy
@@ -97,11 +97,8 @@ class World:
 def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     cp = control_plane
     logs = tmp_path_factory.mktemp("tenancy")
-    tag = uuid.uuid4().hex[:6]
-    system = new_env(cp, logs, f"smg-system-{tag}", replicas=1)
-    system.add_service("smg-router", "smg-router")
-    system.add_router_pod("router-0")
-    tenant = new_env(cp, logs, f"team-{tag}", replicas=1)
+    system = routed_env(cp, logs, "smg-system", replicas=1)
+    tenant = new_env(cp, logs, f"team-{uuid.uuid4().hex[:6]}", replicas=1)
     tenant.add_service("my-router", "my-router")
     behind = next_host()
     tenant_router = start_router(logs, host=behind, port=free_port(behind))  # no admin key: takes anything
@@ -109,26 +106,10 @@ def world(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     proxy = RecordingProxy(proxy_host, tenant.router_port, (tenant_router.host, tenant_router.port)).start()
     cp.make_ready_pod(tenant.ns, "my-router-0", {"app": "my-router"}, proxy_host)
     outside = start_sim(logs)
-    op = OperatorProcess(
-        logs,
-        cp.kubeconfig,
-        admin_key=KEY,
-        args=[
-            "--namespace",
-            system.ns,
-            "--namespace",
-            tenant.ns,
-            "--reconcile-interval",
-            str(INTERVAL),
-            "--router-service",
-            "smg-router",
-            "--router-namespace",
-            system.ns,
-            "--router-port",
-            str(system.router_port),
-            "--allowed-endpoint",
-            LOOPBACK,
-        ],
+    op = system.new_operator(
+        *("--namespace", tenant.ns, "--router-service", "smg-router", "--router-namespace", system.ns),
+        *("--allowed-endpoint", LOOPBACK),
+        interval=INTERVAL,
     ).start()
     w = World(
         cp=cp,

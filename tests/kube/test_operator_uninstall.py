@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from support.kube import ControlPlane
-from support.operator_env import KEY, Env, allow_routers, new_env, pool
-from support.operator_proc import SETTLE, OperatorProcess
+from support.operator_env import Env, operated_env, pool
+from support.operator_proc import SETTLE
 from support.procs import wait_until
 
 RELEASE = {"app.kubernetes.io/instance": "rel"}
@@ -26,29 +25,8 @@ REPLICAS = ("router-0", "router-1")
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    logs = tmp_path_factory.mktemp("operator-uninstall")
-    e = new_env(control_plane, logs, f"un-{uuid.uuid4().hex[:6]}")
-    e.add_service("smg-router", "smg-router")
-    for replica in REPLICAS:
-        e.add_router_pod(replica)
-    e.operator = OperatorProcess(
-        logs,
-        control_plane.kubeconfig,
-        admin_key=KEY,
-        args=[
-            "--namespace",
-            e.ns,
-            "--reconcile-interval",
-            "2",
-            "--router-port",
-            str(e.router_port),
-            *allow_routers(e.ns, "smg-router"),
-        ],
-    ).start()
-    yield e
-    e.operator.stop()
-    for proc in [*e.routers.values(), *e.sims.values()]:
-        proc.stop()
+    with operated_env(control_plane, tmp_path_factory.mktemp("operator-uninstall"), "un", routers=["smg-router"]) as e:
+        yield e
 
 
 def labelled(manifest: str, labels: dict[str, str], finalizers: list[str] | None = None) -> str:

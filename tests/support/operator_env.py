@@ -6,13 +6,17 @@ address and the Service's port; workers are Pod objects backed by ``smg-sim`` pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from support.kube import ControlPlane
+from support.operator_proc import OperatorProcess
 from support.procs import MODEL, Router, Sim, free_port, next_host, start_router, start_sim
 
 KEY = "op-test-key"
@@ -31,10 +35,43 @@ def new_env(cp: ControlPlane, logs: Path, ns: str, *, replicas: int = 2) -> Env:
     return e
 
 
+def routed_env(cp: ControlPlane, logs: Path, prefix: str, *, replicas: int = 2) -> Env:
+    """A fresh namespace ``prefix-<random>`` whose Service smg-router selects ``replicas`` running router pods
+    (router-0, router-1, ...)."""
+    e = new_env(cp, logs, f"{prefix}-{uuid.uuid4().hex[:6]}", replicas=replicas)
+    e.add_service("smg-router", "smg-router")
+    for i in range(replicas):
+        e.add_router_pod(f"router-{i}")
+    return e
+
+
+@contextlib.contextmanager
+def operated_env(
+    cp: ControlPlane, logs: Path, prefix: str, *, routers: Sequence[str], interval: float = 2
+) -> Iterator[Env]:
+    """``routed_env`` with two replicas and an operator allowed the router Services ``routers`` of it; the
+    operator, then every router and worker, stopped when the block ends."""
+    e = routed_env(cp, logs, prefix)
+    try:
+        e.operator = e.new_operator(*allow_routers(e.ns, *routers), interval=interval).start()
+        yield e
+    finally:
+        e.stop()
+
+
 def allow_routers(ns: str, *services: str) -> list[str]:
     """smg-operator flags allowing these router Services of ``ns``: by default it calls only its own router
     (--router-service in --router-namespace), never a Service an SMGWorker's author picked (docs/operator.md)."""
     return [arg for service in services for arg in ("--allowed-router-service", f"{ns}/{service}")]
+
+
+def leading_own_router(ns: str) -> list[str]:
+    """smg-operator flags of an operator as the chart runs it in ``ns``: its own router smg-router there (the only
+    one allowed) and leader election through a Lease there."""
+    return [
+        *("--router-service", "smg-router", "--router-namespace", ns),
+        *("--leader-election", "--leader-election-namespace", ns),
+    ]
 
 
 LOOPBACK = "127.0.0.0/8"
@@ -71,8 +108,26 @@ class Env:
     routers: dict[str, Router] = field(default_factory=dict)
     router_hosts: dict[str, str] = field(default_factory=dict)
     sims: dict[str, Sim] = field(default_factory=dict)
-    operator: Any = None
-    """The OperatorProcess serving this namespace, once started."""
+    operator: OperatorProcess | None = None
+    """The operator serving this namespace, once started."""
+
+    def operator_args(self, interval: float) -> list[str]:
+        """The flags of any operator on this namespace: the namespace, its reconcile interval, the routers' port."""
+        return ["--namespace", self.ns, "--reconcile-interval", str(interval), "--router-port", str(self.router_port)]
+
+    def new_operator(self, *extra: str, interval: float, **kw: Any) -> OperatorProcess:
+        """An operator (not started) on this namespace with ``extra`` flags, logging beside the env's processes."""
+        assert self.cp.kubeconfig is not None, "the control plane is not running"
+        return OperatorProcess(
+            self.logs, self.cp.kubeconfig, admin_key=KEY, args=[*self.operator_args(interval), *extra], **kw
+        )
+
+    def stop(self) -> None:
+        """The operator first (it would call stopped routers otherwise), then every router and worker process."""
+        if self.operator is not None:
+            self.operator.stop()
+        for proc in [*self.routers.values(), *self.sims.values()]:
+            proc.stop()
 
     def start_router(self, pod: str, *, args: list[str] | None = None) -> Router:
         host = self.router_hosts.setdefault(pod, next_host())

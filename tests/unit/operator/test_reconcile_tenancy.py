@@ -3,18 +3,17 @@ gets no call at all, and a refused static endpoint empties the desired set."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import pytest
 from smg_operator.desired import PodInfo
 from smg_operator.metrics import OperatorMetrics
 from smg_operator.reconciler import Runtime, reconcile
 from smg_operator.routers import RouterClient
 from smg_operator.settings import OperatorSettings
 from smg_operator.tenancy import EndpointAllowList
+from support.operator_pods import closed_port, ready_pod
 
 NS = "team-a"
 TENANT_ROUTER = {(NS, "my-router"): {"app": "my-router"}}
@@ -34,30 +33,8 @@ class NoKube:
         raise AssertionError("reconcile posted an Event")
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def router_pod(namespace: str, app: str) -> PodInfo:
-    return PodInfo(
-        namespace=namespace,
-        name=f"{app}-0",
-        uid=f"uid-{app}",
-        labels={"app": app},
-        annotations={},
-        ip="127.0.0.1",
-        running=True,
-        ready=True,
-        terminating=False,
-    )
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+    return ready_pod(namespace, f"{app}-0", {"app": app}, uid=f"uid-{app}")
 
 
 def runtime(session: aiohttp.ClientSession, **settings: Any) -> Runtime:

@@ -4,8 +4,7 @@ and real router calls (to a closed port, for an unreachable replica)."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -24,6 +23,7 @@ from smg_operator.reconciler import (
 )
 from smg_operator.routers import RouterClient
 from smg_operator.settings import OperatorSettings
+from support.operator_pods import closed_port, ready_pod
 
 NS, NAME, UID = "ns", "llama", "uid-1"
 SERVICE = {(NS, "smg-router"): [{"app": "router"}]}
@@ -74,31 +74,11 @@ class FakeStopped:
         self._flag.set()
 
 
-def closed_port() -> int:
-    """A port nothing listens on: calls to it are refused at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def router_pod(ip: str = "127.0.0.1") -> PodInfo:
-    return PodInfo(
-        namespace=NS,
-        name="router-0",
-        uid="r0",
-        labels={"app": "router"},
-        annotations={},
-        ip=ip,
-        running=True,
-        ready=True,
-        terminating=False,
+def router_pod(ip: str = "127.0.0.1", **changes: Any) -> PodInfo:
+    """The one replica of the test's router Service (``changes``: any other field)."""
+    return ready_pod(
+        **{"namespace": NS, "name": "router-0", "labels": {"app": "router"}, "uid": "r0", "ip": ip, **changes}
     )
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 def runtime(session: aiohttp.ClientSession, kube: FakeKube, **settings: Any) -> Runtime:
@@ -274,17 +254,11 @@ async def test_the_finalizer_lets_go_once_no_recorded_replica_runs_any_more(sess
     port = closed_port()
     status = {"routers": [{"pod": "router-0", "url": f"http://127.0.0.1:{port}", "namespace": NS}]}
     rt = runtime(session, FakeKube())
-    gone = PodInfo(**_pod_fields(terminating=True))
+    gone = router_pod(terminating=True)
     await finalize(
         rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, status=status, retry=0, pods={NS: [gone]}, services={}
     )
     await finalize(rt, namespace=NS, name=NAME, uid=UID, spec=SPEC, status=status, retry=0, pods={}, services={})
-
-
-def _pod_fields(**changes: Any) -> dict[str, Any]:
-    base = router_pod()
-    fields = {f: getattr(base, f) for f in PodInfo.__dataclass_fields__}
-    return {**fields, **changes}
 
 
 async def test_stale_replicas_are_cleaned_only_when_the_current_router_was_found(
@@ -347,7 +321,7 @@ def test_a_pod_event_pokes_only_the_smgworkers_it_concerns(
         router=None,
         router_pods=frozenset(),
     )
-    rt.poke_pod(PodInfo(**_pod_fields(**pod)))
+    rt.poke_pod(router_pod(**pod))
     assert rt.pokes[mine].is_set() is wakes
     assert not rt.pokes[theirs].is_set()
 
@@ -355,7 +329,7 @@ def test_a_pod_event_pokes_only_the_smgworkers_it_concerns(
 def test_a_loop_before_its_first_pass_is_poked_by_every_event(session: aiohttp.ClientSession) -> None:
     rt = runtime(session, FakeKube())
     rt.pokes[(NS, NAME)] = asyncio.Event()
-    rt.poke_pod(PodInfo(**_pod_fields(name="anything", labels={})))
+    rt.poke_pod(router_pod(name="anything", labels={}))
     assert rt.pokes[(NS, NAME)].is_set()
 
 
@@ -387,7 +361,7 @@ async def test_a_stale_replica_that_cannot_be_cleaned_yet_does_not_make_every_pa
         router_port=port,
         allowed_router_services=frozenset({(NS, "smg-router")}),
     )
-    pods = {NS: [router_pod(), PodInfo(**_pod_fields(name="old-router", ip="127.0.0.3", labels={}))]}
+    pods = {NS: [router_pod(), router_pod("127.0.0.3", name="old-router", labels={})]}
     stopped = FakeStopped()
     loop = asyncio.create_task(
         keep_registered(rt, namespace=NS, name=NAME, uid=UID, body=body, stopped=stopped, pods=pods, services=SERVICE),

@@ -53,12 +53,6 @@ async def replica() -> AsyncIterator[tuple[Replica, str]]:
     await runner.cleanup()
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def client(session: aiohttp.ClientSession, max_age: float) -> RouterClient:
     return RouterClient(session=session, token=None, metrics=OperatorMetrics(), list_max_age=max_age)
 
