@@ -1,4 +1,4 @@
-"""Leadership cannot split (issue 10 item 1): two smg-operator processes on a real kube-apiserver; the leader is
+"""Leadership cannot split: two smg-operator processes on a real kube-apiserver; the leader is
 cut off from the API server (its own TCP proxy black-holes), not killed.
 
 Each operator has its own ServiceAccount and its own proxy, and the API server writes an audit log, so the test

@@ -1,5 +1,5 @@
 """The operator against a real kube-apiserver: a real smg-operator process, two real smg-router processes as the
-router Service's pods, and smg-sim workers as pods on their own loopback addresses (DESIGN 3, issue 4)."""
+router Service's pods, and smg-sim workers as pods on their own loopback addresses."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Drains and former routers, against a real kube-apiserver (issue 10 items 3 and 5): the ``smg.dev/drain`` pod
-annotation drains a worker on every replica and its removal undrains it; a long drain holds up no other
-registration; a changed ``spec.router`` leaves nothing on the old router; a deleted router Service does not
-release the finalizer while its pods still hold the workers."""
+"""Drains and former routers, against a real kube-apiserver: the ``smg.dev/drain`` pod annotation drains a worker
+on every replica and its removal undrains it; a long drain holds up no other registration; a changed
+``spec.router`` leaves nothing on the old router; a deleted router Service does not release the finalizer while its
+pods still hold the workers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""smg-operator runs under a uid without a passwd entry (issue 14): kopf would name itself after
-``getpass.getuser()``, which raises ``KeyError: 'getpwuid(): uid not found'`` there; the operator hands kopf an
-explicit identity instead, so it starts, leads and reconciles."""
+"""smg-operator runs under a uid without a passwd entry (a container's arbitrary ``runAsUser``): kopf would name
+itself after ``getpass.getuser()``, which raises ``KeyError: 'getpwuid(): uid not found'`` there; the operator hands
+kopf an explicit identity instead, so it starts, leads and reconciles."""
 
 from __future__ import annotations
 

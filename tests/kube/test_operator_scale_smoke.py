@@ -1,6 +1,6 @@
 """The operator's scale scenario, small, on the real API server: 5 SMGWorkers x 4 pods, 2 real router replicas, pods
 churning for 20 s.  Every pod made Ready ends up registered on both replicas and every deleted pod leaves both
-(``bench/operator_scale.py`` runs the same scenario at 50 x 20 and prints figures; issue 10 item 4)."""
+(``bench/operator_scale.py`` runs the same scenario at 50 x 20 and prints figures)."""
 
 from __future__ import annotations
 

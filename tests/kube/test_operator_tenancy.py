@@ -1,4 +1,4 @@
-"""Multi-tenant safety and "Ready means ready" against a real kube-apiserver (issue 10 items 2 and 6).
+"""Multi-tenant safety and "Ready means ready" against a real kube-apiserver.
 
 The operator runs as in the chart: its default router is ``--router-service smg-router`` in ``--router-namespace``
 (the "system" namespace), and no ``--allowed-router-service`` is given, so that router is the only one allowed.

@@ -1,6 +1,6 @@
 """``smg-operator-uninstall``, the chart's pre-delete hook, against a real kube-apiserver and a running operator:
 it deletes only the SMGWorkers its selector picks, returns once the operator has deregistered them from every
-router replica and released them, and fails naming the ones that stay (issue 14: ``helm uninstall`` left
+router replica and released them, and fails naming the ones that stay (without it, ``helm uninstall`` left
 SMGWorkers Terminating)."""
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def test_a_changed_spec_replaces_the_registrations_on_every_replica(
 def test_kv_capacity_tokens_reaches_every_registration_and_follows_the_field(
     kube: Kube, fleet: Fleet, operator: Operator
 ) -> None:
-    """spec.kvCapacityTokens (issue 11) is each endpoint's kv_capacity_tokens on every replica; changing it
+    """spec.kvCapacityTokens is each endpoint's kv_capacity_tokens on every replica; changing it
     changes them, removing it clears them (the engine's own report applies again)."""
     _two_replicas_and_two_workers(fleet)
     smgw = kube.create_smgworker(
