@@ -54,7 +54,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE / "routing"), str(ROOT / "tests")]
 
 from fleet import router_code, stop_all, wait_for  # noqa: E402
-from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host  # noqa: E402
+from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host, sim_args  # noqa: E402
 
 LUA = HERE / "wrk" / "post.lua"
 MODEL = "bench-model"
@@ -150,10 +150,9 @@ def start_sims(logs: Path, count: int) -> list[Sim]:
     for _ in range(count):
         host = next_host()
         port = free_port(host)
-        args = [
-            *(sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL),
-            *("--time-scale", "0.0001", "--max-running", "128", "--log-level", "warning"),
-        ]
+        args = sim_args(
+            host, port, model=MODEL, time_scale=0.0001, extra=("--max-running", "128", "--log-level", "warning")
+        )
         name = f"sim-{host}-{port}"
         sims.append(Sim(name=name, args=args, log_path=logs / f"{name}.log", host=host, port=port))
         sims[-1].start()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from capacity import CostModel
 from prometheus_client.parser import text_string_to_metric_families
-from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host
+from support.procs import Proc, Router, Sim, free_port, free_ports, http_json, next_host, sim_args
 from workloads import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,13 +116,17 @@ def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float, fl
                 host = next_host()
                 port = free_port(host)
                 print(f"fleet: {sim_address(fleet_seed, i)} is taken; worker {i} on {host}:{port} instead", flush=True)
-            args = [
-                *(sys.executable, "-m", "smg_sim", "--host", host, "--port", str(port), "--model", MODEL),
-                *("--time-scale", str(time_scale), "--kv-capacity", str(cost.kv_capacity)),
-                *("--max-running", str(cost.max_running), "--prefill-tps", str(cost.prefill_tps)),
-                *("--decode-step-ms", str(cost.decode_step_ms)),
-                *("--decode-step-ms-per-req", str(cost.decode_step_ms_per_req), "--log-level", "warning"),
-            ]
+            args = sim_args(
+                host,
+                port,
+                model=MODEL,
+                time_scale=time_scale,
+                extra=(
+                    *("--kv-capacity", str(cost.kv_capacity), "--max-running", str(cost.max_running)),
+                    *("--prefill-tps", str(cost.prefill_tps), "--decode-step-ms", str(cost.decode_step_ms)),
+                    *("--decode-step-ms-per-req", str(cost.decode_step_ms_per_req), "--log-level", "warning"),
+                ),
+            )
             name = f"sim-{host}-{port}"
             sim = Sim(name=name, args=args, log_path=logs / f"{name}.log", host=host, port=port)
             sim.start()
