@@ -12,8 +12,8 @@ end of the response, however it ends) it counts it out and hands the outcome to 
 A burst on one new prefix (``Holds``): requests that arrive together with the same leading chars are all routed to
 the worker that takes the first, which has not cached them yet; sent at once, each would prefill the whole prefix
 again (an engine caches a prompt once its prefill is done).  So the first streamed request sent to a worker that did
-not hold its prefix (``Policy.last_cold``) leads, and the requests routed after it to the same worker with the same
-leading chars (``Policy.last_prefix``) wait, up to ``--prefill-hold-seconds``, until its answer starts (its first
+not hold its prefix (``Decision.cold``) leads, and the requests routed after it to the same worker with the same
+leading chars (``Decision.prefix``) wait, up to ``--prefill-hold-seconds``, until its answer starts (its first
 streamed chunk: the engine has prefilled it) or it ends, then go out and find the prefix cached.  A request that is
 not streamed never leads: the router sees its prefill end only with its whole answer.  With peers (``peers``) a
 replica tells the others when one of its requests leads a prefill and when that prefill ends (``tell_prefill``), and
@@ -621,12 +621,12 @@ class Attempts:
             )
         policy = self._by_load if by_load and self._by_load is not None else self._policies.policy_for(role, req.model)
         t0 = time.perf_counter()
-        worker = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
+        decision = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
-        prefill = len(req.text) if policy.last_prefill is None else policy.last_prefill
-        guard = AttemptGuard(worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
+        prefill = len(req.text) if decision.prefill is None else decision.prefill
+        guard = AttemptGuard(decision.worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
         if streamed is not None:
-            if streamed and policy.last_prefix is not None:
-                guard.joins(policy.last_prefix)
-            self.holds.arrange(guard, policy.last_prefix, cold=policy.last_cold, streamed=streamed)
+            if streamed and decision.prefix is not None:
+                guard.joins(decision.prefix)
+            self.holds.arrange(guard, decision.prefix, cold=decision.cold, streamed=streamed)
         return guard

@@ -2,11 +2,12 @@
 
 A policy chooses one worker among routable candidates.  It is told which workers it can reach through
 ``sync`` (the one lifecycle path calls it after every add, update and removal) and never learns of
-workers any other way.  ``select`` is synchronous: the event loop is the lock.
+workers any other way.  ``decide`` is synchronous: the event loop is the lock.
 
-``route`` is what the request path calls: a request with a routing key (a session key, a previous response
-id) is pinned by ``sticky`` the same way whatever the policy, then the policy records the choice
-(``pinned``); every other request gets the policy's own ``select``.
+``route`` is what the request path calls, and its answer is a value, a ``Decision``: the worker and why.  A
+request with a routing key (a session key, a previous response id) is pinned by ``sticky`` the same way whatever
+the policy, then the policy records the choice (``pinned``); every other request gets the policy's own
+``decide``.  ``select`` is ``decide``'s worker alone, for callers that need no more.
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ class RouteRequest(Protocol):
     def worker_hint(self) -> str | None:
         """Id of a worker known to hold the request's state (the producer of its previous response), or None."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """One routing decision: the chosen worker and what the request path needs to know of why.
+
+    Read by ``attempt.Attempts.open``: the chars the worker is expected to prefill (``Worker.prefill_chars``), and
+    the prompt's placement prefix with whether the worker held it (a burst on one new prefix waits for its first
+    prefill: ``attempt.Holds``)."""
+
+    worker: Worker
+    branch: str
+    """Which rule chose it: cache_aware's ``hit``, ``miss``, ``spill``, ``warmup``, ``namespace``; ``session`` or
+    ``stored`` when a routing key pinned it; the policy's name for a policy that keeps no state of prompts."""
+    matched: int = 0
+    """Chars of the prompt the chosen worker holds, as the policy's cache index says (0: none, or not known)."""
+    prefill: int | None = None
+    """Chars the chosen worker is expected to prefill (the prompt's part it does not hold); None: the whole text."""
+    prefix: str | None = None
+    """The leading chars by which the policy knows the prompt (what placement hashes); None: it keeps no prefixes."""
+    cold: bool = False
+    """Whether the chosen worker did not hold ``prefix`` before this request (a miss or a spill)."""
+    fallback: str | None = None
+    """Why the policy's first choice was not taken (``imbalance``, ``stale_tenant``), if it was not."""
 
 
 class Peers(Protocol):
@@ -121,33 +146,25 @@ class Policy:
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
-        self.last_prefill: int | None = None
-        """The chars the last choice expects its worker to prefill (the prompt's part it does not hold), set by a
-        ``select`` that knows (cache_aware); None: the whole text.  Read by ``Attempts.open`` right after ``route``
-        (``Worker.prefill_chars``)."""
-        self.last_prefix: str | None = None
-        """The leading chars by which the last choice knows the prompt (what placement hashes: cache_aware), set by
-        a ``select`` that places by them; None: the policy keeps no prefixes.  Read by ``Attempts.open`` (a burst on
-        one prefix waits for its first prefill: ``attempt.Holds``)."""
-        self.last_cold = False
-        """Whether the last choice's worker did not hold ``last_prefix`` before this request (a miss or a spill)."""
 
-    def route(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def route(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         """The request path's choice: pinned by the request's routing key when it has one (one rule for every
-        policy, counted as branch ``session`` or ``stored``), else the policy's own ``select``."""
-        self.last_prefill = self.last_prefix = None
-        self.last_cold = False
+        policy, counted as branch ``session`` or ``stored``), else the policy's own ``decide``."""
         key = req.routing_key
         if key is None:
-            return self.select(workers, req, now)
+            return self.decide(workers, req, now)
         i, branch = pin(workers, self.loads_of(workers, req.model, now), key, req.worker_hint, self.ctx.settings)
         self.ctx.metrics.decisions.labels(req.model, self.ctx.role, branch).inc()
         self.pinned(workers[i], req)
-        return workers[i]
+        return Decision(worker=workers[i], branch=branch)
 
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         """Choose among ``workers`` (non-empty, all routable, stable order)."""
         raise NotImplementedError
+
+    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+        """The worker ``decide`` chooses, without the rest of the decision."""
+        return self.decide(workers, req, now).worker
 
     def pinned(self, worker: Worker, req: RouteRequest) -> None:
         """``worker`` was chosen for ``req`` by its routing key: keep what the policy knows true (cache_aware

@@ -91,7 +91,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from smg_router.metrics import CounterSeries, Metrics
-from smg_router.policies.base import NAMESPACE_MARK, Policy, PolicyContext, RouteRequest, prefill_wait
+from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest, prefill_wait
 from smg_router.policies.placement import (
     placement_key,
     rendezvous_pick,
@@ -211,28 +211,37 @@ class CacheAwarePolicy(Policy):
         return model in self._trees
 
     # -- request path ---------------------------------------------------------------------------
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         model, text = req.model, req.text
         tree = self._trees.get(model)
         if tree is None:
             tree = self._trees[model] = RadixTree()
             self.fallback(model, "no_tree")
         loads = self.loads_of(workers, model, now)
-        chosen = workers[0]
+        decision: Decision | None = None
 
         def choose(match: Match) -> str:
-            nonlocal chosen
-            chosen = workers[self._choose_by_match(workers, loads, match, tree, model, text, req.head)]
+            nonlocal decision
+            i, branch, fallback = self._choose_by_match(workers, loads, match, tree, model, text, req.head)
+            chosen = workers[i]
             held = match.matched_chars if chosen.url in match.tenants else 0
-            self.last_prefill = len(text) - held
-            self.last_prefix = prefix = self._key_text(text, req.head)
-            self.last_cold = held < len(prefix)
+            prefix = self._key_text(text, req.head)
+            decision = Decision(
+                worker=chosen,
+                branch=branch,
+                matched=held,
+                prefill=len(text) - held,
+                prefix=prefix,
+                cold=held < len(prefix),
+                fallback=fallback,
+            )
             return chosen.url
 
         tree.match_and_insert(text, choose)
-        self._hold(chosen.url, text, req.head)
-        self.ctx.peers.tell(self.ctx.role, model, chosen.url, text, req.head)
-        return chosen
+        assert decision is not None  # match_and_insert always asks
+        self._hold(decision.worker.url, text, req.head)
+        self.ctx.peers.tell(self.ctx.role, model, decision.worker.url, text, req.head)
+        return decision
 
     def pinned(self, worker: Worker, req: RouteRequest) -> None:
         """A session key chose ``worker``: the engine will cache the prompt there, so the tree says so."""
@@ -287,7 +296,8 @@ class CacheAwarePolicy(Policy):
         model: str,
         text: str,
         head: int,
-    ) -> int:
+    ) -> tuple[int, str, str | None]:
+        """(the chosen worker's index, the decision branch, the fallback reason if any), each counted."""
         s = self.ctx.settings
         counts = self._counts.get(model)
         if counts is None:
@@ -301,6 +311,7 @@ class CacheAwarePolicy(Policy):
         # in a conversation the tree decides only when it knows what placement looks at (the head's leading
         # chars): a match of less (a system prompt every conversation shares) says nothing of this one
         covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
+        fallback: str | None = None
         if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
             gated, gate = loads, ok
@@ -315,24 +326,27 @@ class CacheAwarePolicy(Policy):
                     home = self._place(workers, ok, key_text)
                     if home in warming and home not in holders and loads[home] <= loads[best]:
                         counts.decided("warmup")
-                        return home
+                        return home, "warmup", None
                 counts.decided("hit")
                 counts.chosen.inc(match.matched_chars)
-                return best
+                return best, "hit", None
             if holders:
                 counts.decided("spill")
                 self.fallback(model, "imbalance")
                 if self.ctx.peers.in_sync():  # replicas agree where a hot prefix spills (module docstring, 4)
-                    return self._place(workers, ok, key_text)
-                return self._place_new(workers, loads, ok, key_text, tree, len(text))
-            self.fallback(model, "stale_tenant")
+                    return self._place(workers, ok, key_text), "spill", "imbalance"
+                return self._place_new(workers, loads, ok, key_text, tree, len(text)), "spill", "imbalance"
+            fallback = "stale_tenant"
+            self.fallback(model, fallback)
         if not all(ok):
+            fallback = fallback or "imbalance"
             self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
         chosen = self._place_new(workers, loads, ok, key_text, tree, len(text))
         if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
             counts.chosen.inc(match.matched_chars)
-        counts.decided("namespace" if text.startswith(NAMESPACE_MARK) else "miss")
-        return chosen
+        branch = "namespace" if text.startswith(NAMESPACE_MARK) else "miss"
+        counts.decided(branch)
+        return chosen, branch, fallback
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
         """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from smg_router.policies.base import Policy, PolicyContext, RouteRequest, least_loaded
+from smg_router.policies.base import Decision, Policy, PolicyContext, RouteRequest, least_loaded
 from smg_router.workers.worker import Worker
 
 
 class RandomPolicy(Policy):
     name = "random"
 
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
-        return workers[self.ctx.rng.randrange(len(workers))]
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
+        return Decision(worker=workers[self.ctx.rng.randrange(len(workers))], branch=self.name)
 
 
 class RoundRobinPolicy(Policy):
@@ -22,10 +22,10 @@ class RoundRobinPolicy(Policy):
         super().__init__(ctx)
         self._next = 0
 
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         worker = workers[self._next % len(workers)]
         self._next += 1
-        return worker
+        return Decision(worker=worker, branch=self.name)
 
 
 class PowerOfTwoPolicy(Policy):
@@ -34,13 +34,13 @@ class PowerOfTwoPolicy(Policy):
     name = "power_of_two"
     uses_load = True
 
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         if len(workers) == 1:
-            return workers[0]
+            return Decision(worker=workers[0], branch=self.name)
         pair = self.ctx.rng.sample(range(len(workers)), 2)
         picked = [workers[i] for i in pair]
         loads = self.loads_of(picked, req.model, now)
-        return picked[least_loaded(picked, loads)]
+        return Decision(worker=picked[least_loaded(picked, loads)], branch=self.name)
 
 
 class LeastLoadPolicy(Policy):
@@ -49,6 +49,6 @@ class LeastLoadPolicy(Policy):
     name = "least_load"
     uses_load = True
 
-    def select(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Worker:
+    def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         loads = self.loads_of(workers, req.model, now)
-        return workers[least_loaded(workers, loads)]
+        return Decision(worker=workers[least_loaded(workers, loads)], branch=self.name)

@@ -806,8 +806,9 @@ def test_a_lone_routers_miss_goes_where_its_prefill_waits_least() -> None:
     text = "a new prompt " * 100
     r = ranked(text)
     prefilling(r, (1, 3000, 30.0), (1, 1000, 10.0), (1, 2000, 20.0), (0, 0, 0.0))  # the last-ranked prefills nothing
-    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[3]]
-    assert p.last_prefill == len(text)  # a miss: the engine prefills all of it
+    d = p.decide(workers, RouteRequest("m", text), NOW)
+    assert d.worker is workers[r[3]]
+    assert (d.branch, d.prefill, d.matched) == ("miss", len(text), 0)  # a miss: the engine prefills all of it
     text = "another prompt " * 90
     r = ranked(text)  # all prefill; the third-ranked has the most requests but the fewest chars (cached prefixes)
     prefilling(r, (1, 4000, 1.0), (1, 2000, 2.0), (3, 300, 3.0), (2, 3000, 4.0))
@@ -832,8 +833,10 @@ def test_a_hit_goes_to_the_holder_with_the_least_left_to_prefill_and_says_what_i
     env.loads.record(workers[1].id, 3, at=NOW)  # busier, within the gate
     workers[0].prefilling, workers[0].prefill_chars, workers[0].sent_at = 1, 2500, 5.0
     text = prefix + "second question"
-    assert p.select(workers, RouteRequest("m", text), NOW) is workers[1]  # waits for nothing there
-    assert p.last_prefill is not None and p.last_prefill <= len(text) - len(prefix)  # only the new question
+    d = p.decide(workers, RouteRequest("m", text), NOW)
+    assert d.worker is workers[1] and d.branch == "hit"  # waits for nothing there
+    assert d.prefill is not None and d.prefill <= len(text) - len(prefix)  # only the new question
+    assert d.matched == len(text) - d.prefill >= len(prefix)
     workers[0].prefilling = workers[0].prefill_chars = 0
     assert p.select(workers, RouteRequest("m", prefix + "third question"), NOW) is workers[0]  # less loaded
 
@@ -924,20 +927,20 @@ def test_a_lone_router_spills_where_the_prefill_waits_least_and_replicas_in_sync
 
 
 def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_its_worker_held_them(env: Env) -> None:
-    """``last_prefix`` / ``last_cold`` (read by ``attempt.Holds``): the leading chars placement hashes (a chat's head,
-    at most placement_prefix_chars), and whether the chosen worker held them before this request."""
+    """``Decision.prefix`` / ``Decision.cold`` (read by ``attempt.Holds``): the leading chars placement hashes (a
+    chat's head, at most placement_prefix_chars), and whether the chosen worker held them before this request."""
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
     doc = "manual: " + "x" * 2000
-    p.route(workers, RouteRequest("m", doc + " first question"), NOW)
-    assert p.last_prefix == doc[:1024] and p.last_cold
-    p.route(workers, RouteRequest("m", doc + " second question"), NOW)
-    assert p.last_prefix == doc[:1024] and not p.last_cold  # a hit on the holder
+    d = p.route(workers, RouteRequest("m", doc + " first question"), NOW)
+    assert d.prefix == doc[:1024] and d.cold and d.branch == "miss"
+    d = p.route(workers, RouteRequest("m", doc + " second question"), NOW)
+    assert d.prefix == doc[:1024] and not d.cold and d.branch == "hit"  # a hit on the holder
     chat = "<|system|>be brief\n<|user|>hello\n"
-    p.route(workers, RouteRequest("m", chat + "<|assistant|>hi\n", head=len(chat)), NOW)
-    assert p.last_prefix == chat and p.last_cold
-    p.route(workers, RouteRequest("m", "hi", routing_key="session-1"), NOW)  # pinned: no placement
-    assert p.last_prefix is None and not p.last_cold
+    d = p.route(workers, RouteRequest("m", chat + "<|assistant|>hi\n", head=len(chat)), NOW)
+    assert d.prefix == chat and d.cold
+    d = p.route(workers, RouteRequest("m", "hi", routing_key="session-1"), NOW)  # pinned: no placement
+    assert d.prefix is None and not d.cold and d.branch == "session" and d.prefill is None
 
 
 def test_requests_on_a_prefix_not_yet_prefilled_count_as_one_for_a_request_that_joins_them(env: Env) -> None:

@@ -31,6 +31,21 @@ def test_every_instance_reads_the_shared_load_view(env: Env, name: str) -> None:
     assert p.select(workers, RouteRequest("m", "t"), NOW) is workers[1]
 
 
+@pytest.mark.parametrize("name", ["random", "round_robin", "power_of_two", "least_load", "cache_aware"])
+def test_every_policy_answers_a_decision_value_and_keeps_no_result_on_itself(env: Env, name: str) -> None:
+    p = env.factory.create(name, role="regular")
+    workers = [make_worker(2), make_worker(3)]
+    p.sync(workers)
+    before = dict(vars(p)) if hasattr(p, "__dict__") else {}
+    d = p.route(workers, RouteRequest("m", "a prompt"), NOW)
+    assert d.worker in workers
+    assert d.branch == ("miss" if name == "cache_aware" else name)
+    assert not [a for a in vars(p) if a.startswith("last_")]  # the decision is the answer, not an attribute
+    assert set(vars(p)) == set(before)
+    pinned = p.route(workers, RouteRequest("m", "a prompt", routing_key="k"), NOW)
+    assert pinned.branch == "session" and pinned.prefill is None
+
+
 def test_round_robin_cycles(env: Env) -> None:
     p = env.factory.create("rr", role="regular")
     workers = [make_worker(i) for i in (2, 3, 4)]

@@ -26,9 +26,9 @@ def _key(key: str, text: str = "some prompt", **kw: object) -> RouteRequest:
 def test_one_key_stays_on_one_worker_and_keys_spread_whatever_the_policy(env: Env, name: str) -> None:
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
     p = _policy(env, name, workers)
-    chosen = {p.route(workers, _key("session-1", f"turn {i}"), NOW).url for i in range(100)}
+    chosen = {p.route(workers, _key("session-1", f"turn {i}"), NOW).worker.url for i in range(100)}
     assert len(chosen) == 1
-    homes = {p.route(workers, _key(f"other-{k}"), NOW).url for k in range(20)}
+    homes = {p.route(workers, _key(f"other-{k}"), NOW).worker.url for k in range(20)}
     assert len(homes) >= 3
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="session") == 120
 
@@ -39,17 +39,17 @@ def test_every_policy_instance_and_replica_pins_a_key_to_the_same_worker() -> No
     wa, wb = [make_worker(i) for i in (2, 3, 4, 5)], [make_worker(i) for i in (5, 4, 3, 2)]  # another order too
     pa, pb = _policy(a, "cache_aware", wa), _policy(b, "round_robin", wb)
     for k in range(30):
-        assert pa.route(wa, _key(f"k{k}"), NOW).url == pb.route(wb, _key(f"k{k}"), NOW).url
+        assert pa.route(wa, _key(f"k{k}"), NOW).worker.url == pb.route(wb, _key(f"k{k}"), NOW).worker.url
 
 
 def test_a_key_moves_only_when_its_worker_leaves(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
     p = _policy(env, "round_robin", workers)
-    homes = {k: p.route(workers, _key(k), NOW) for k in (f"k{i}" for i in range(40))}
+    homes = {k: p.route(workers, _key(k), NOW).worker for k in (f"k{i}" for i in range(40))}
     gone = homes["k0"]
     rest = [w for w in workers if w is not gone]
     for k, home in homes.items():
-        moved = p.route(rest, _key(k), NOW)
+        moved = p.route(rest, _key(k), NOW).worker
         if home is gone:
             assert moved is not gone
         else:
@@ -59,22 +59,22 @@ def test_a_key_moves_only_when_its_worker_leaves(env: Env) -> None:
 def test_a_key_leaves_a_worker_over_the_load_gate_and_comes_back(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, "least_load", workers)
-    home = p.route(workers, _key("k"), NOW)
+    home = p.route(workers, _key("k"), NOW).worker
     env.loads.record(home.id, 3, at=NOW)  # within the gate (abs 4): the key stays
-    assert p.route(workers, _key("k"), NOW) is home
+    assert p.route(workers, _key("k"), NOW).worker is home
     env.loads.record(home.id, 50, at=NOW)  # over it: 50 - 0 > 4 and 50 > 0 * 1.5
-    away = p.route(workers, _key("k"), NOW)
+    away = p.route(workers, _key("k"), NOW).worker
     assert away is not home
     env.loads.record(home.id, 0, at=NOW)
-    assert p.route(workers, _key("k"), NOW) is home
+    assert p.route(workers, _key("k"), NOW).worker is home
 
 
 def test_a_retry_that_excludes_the_pinned_worker_goes_elsewhere_and_the_next_request_comes_back(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, "cache_aware", workers)
-    home = p.route(workers, _key("k"), NOW)
-    assert p.route([w for w in workers if w is not home], _key("k"), NOW) is not home
-    assert p.route(workers, _key("k"), NOW) is home
+    home = p.route(workers, _key("k"), NOW).worker
+    assert p.route([w for w in workers if w is not home], _key("k"), NOW).worker is not home
+    assert p.route(workers, _key("k"), NOW).worker is home
 
 
 def test_cache_aware_inserts_the_text_for_the_worker_the_key_chose(env: Env) -> None:
@@ -83,8 +83,8 @@ def test_cache_aware_inserts_the_text_for_the_worker_the_key_chose(env: Env) -> 
     p = _policy(env, "cache_aware", workers)
     text = "a long shared system prompt " * 20
     placed = p.select(workers, RouteRequest("m", text + "?"), NOW)  # where the policy itself would put it
-    key = next(f"k{i}" for i in range(100) if p.route(workers, _key(f"k{i}", "x"), NOW) is not placed)
-    pinned = p.route(workers, _key(key, text + "!"), NOW)
+    key = next(f"k{i}" for i in range(100) if p.route(workers, _key(f"k{i}", "x"), NOW).worker is not placed)
+    pinned = p.route(workers, _key(key, text + "!"), NOW).worker
     assert pinned is not placed
     env.loads.record(placed.id, 0, at=NOW)
     sizes = {url: chars for _, url, chars in p.tree_sizes()}
@@ -100,14 +100,14 @@ def test_the_worker_holding_the_state_wins_over_the_gate(env: Env) -> None:
     holder = workers[1]
     env.loads.record(holder.id, 500, at=NOW)
     for i in range(10):
-        assert p.route(workers, _key(f"resp_{i}", worker_hint=holder.id), NOW) is holder
+        assert p.route(workers, _key(f"resp_{i}", worker_hint=holder.id), NOW).worker is holder
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="stored") == 10
     # not a candidate (left, or tried): rendezvous of the key among the others
-    assert p.route(workers[::2], _key("resp_0", worker_hint=holder.id), NOW) in workers[::2]
+    assert p.route(workers[::2], _key("resp_0", worker_hint=holder.id), NOW).worker in workers[::2]
 
 
 def test_without_a_key_the_policy_chooses(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, "round_robin", workers)
-    assert [p.route(workers, RouteRequest("m", ""), NOW).url for _ in range(3)] == [w.url for w in workers]
+    assert [p.route(workers, RouteRequest("m", ""), NOW).worker.url for _ in range(3)] == [w.url for w in workers]
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="session") == 0
