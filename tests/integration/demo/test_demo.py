@@ -1,7 +1,8 @@
-"""smg-demo under fault: a new user kills one of its workers to watch the router's fault handling.
+"""smg-demo, the README's run command: a serving, cache-aware router in front of a simulated fleet.
 
-The demo must keep serving (the router routes around the lost worker), say so, and bring the worker
-back on the same address; only the router's own exit (or a signal to the demo) ends it.
+A new user sends requests through it, then kills one of its workers to watch the router's fault handling: the
+demo must keep serving (the router routes around the lost worker), say so, and bring the worker back on the same
+address; only the router's own exit (or a signal to the demo) ends it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ def demo(tmp_path: Path) -> Iterator[tuple[Proc, str, int]]:
         proc.stop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)  # whatever outlived the demo
+
+
+def test_smg_demo_serves_chat_completions_through_a_cache_aware_router(demo: tuple[Proc, str, int]) -> None:
+    proc, router_url, worker_port = demo
+    for _ in range(3):
+        status, answer = _chat(router_url, "Hello!")
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["content"]  # type: ignore[index]
+    status, workers = http_json("GET", router_url + "/workers")
+    assert sorted(w["load"]["processed"] for w in workers["workers"]) == [0, 0, 3]  # one prompt, one worker
+    wait_until(lambda: "curl" in proc.log(), what="the demo to print its curl example")  # once it saw the router
+    proc.stop()
+    assert proc.popen is None
+    for host in WORKER_HOSTS:  # SIGTERM stopped the workers too: nothing listens on their port any more
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, worker_port))
 
 
 def test_demo_keeps_serving_when_a_worker_is_killed(demo: tuple[Proc, str, int]) -> None:
