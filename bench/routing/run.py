@@ -267,7 +267,7 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                     results.save()
                     t = metrics["ttft_ms"]
                     print(
-                        f"{name} {target.name} x{replicas} load {load:.2f}: cached {metrics['cached_share']:.3f} "
+                        f"{name} {target.name} x{replicas} load {load:.2f}: cached {metrics['cached_share'] or 0:.3f} "
                         f"(oracle {metrics['oracle_share']:.3f}) ttft p50/p99 {t['p50'] or 0:.0f}/{t['p99'] or 0:.0f}"
                         f" spread {metrics['load']['running_max_over_mean'] or 0:.2f} errors {metrics['errors']}"
                         f" workers/group {metrics['workers_per_prefix'] or 0:.2f}"
