@@ -1,11 +1,12 @@
-"""THE request path: resolve the model → open an attempt → send → relay → retry → count.
+"""THE request path: resolve the model → route and open an attempt → send → retry elsewhere → relay → count.
 
 A request is routed by its model's policy among the routable workers (``attempt``), counted in the
 chosen worker's in-flight total for as long as its response lasts (the attempt's guard), sent as the
 bytes the client sent (never re-serialised), and answered with the worker's response, streamed through
-as it arrives (``relay``).  A connect error, a 5xx or a 429 before anything reached the client is
-retried on another worker with backoff (a 429 with no other worker to try is passed on).  In PD mode
-the request goes to ``pd`` instead, which uses the same attempts and relay.
+as it arrives (``relay``).  A connect error, a timeout, a 5xx or a 429 before anything reached the client is
+retried on another worker with backoff by the one retry loop (``retry``, whose docstring states the rule; a 429
+with no other worker to try is passed on).  In PD mode the request goes to ``pd`` instead, which uses the same
+attempts, retry loop and relay.
 
 Before that, what the request says about its routing (``--model-alias``, ``request.apply_routing_headers``):
 a model alias names the served model instead (its body re-serialised with the served name, only then); a
@@ -16,14 +17,13 @@ router relayed it: ``response_ids``), pins it (``policies.sticky``); routing tok
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Mapping
 
 import orjson
 
 from smg_router import wire
-from smg_router.attempt import Attempts, Holds, is_retryable
+from smg_router.attempt import Attempts, Holds
 from smg_router.errors import (
     BadRequest,
     ModelNotFound,
@@ -31,8 +31,6 @@ from smg_router.errors import (
     NoWorkerAvailable,
     PayloadTooLarge,
     RequestTimeout,
-    UpstreamError,
-    UpstreamTimeout,
 )
 from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
@@ -41,11 +39,10 @@ from smg_router.policies.registry import PolicyRegistry
 from smg_router.relay import RESPONSES, Relay
 from smg_router.request import PD_ENDPOINTS, ProxyRequest, apply_routing_headers
 from smg_router.response_ids import ResponseIds
+from smg_router.retry import RetryLoop
 from smg_router.settings import RetrySettings, RoutingSettings
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 from smg_router.workers.registry import WorkerRegistry
-
-log = logging.getLogger(__name__)
 
 
 class Proxy:
@@ -69,7 +66,6 @@ class Proxy:
         self.response_ids = ResponseIds()
         self._upstream = upstream
         self._metrics = metrics
-        self._retry = retry
         self._attempts = Attempts(
             registry=registry,
             policies=policies,
@@ -79,11 +75,17 @@ class Proxy:
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``attempt.Holds``); the peers' leads go in too (``admin``)."""
+        self._retries = RetryLoop(attempts=self._attempts, settings=retry, metrics=metrics)
         self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
             self._pd = pd_dispatcher(
-                pd_mode, attempts=self._attempts, upstream=upstream, relay=self.relay, metrics=metrics, retry=retry
+                pd_mode,
+                attempts=self._attempts,
+                upstream=upstream,
+                relay=self.relay,
+                metrics=metrics,
+                retries=self._retries,
             )
 
     async def handle(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
@@ -160,53 +162,18 @@ class Proxy:
         req.raw = orjson.dumps(req.body)
 
     async def _forward(self, request: wire.Request, req: ProxyRequest, role: str) -> wire.Response:
-        tried: set[str] = set()
-        last_error: Exception | None = None
-        for attempt in range(self._retry.max_retries + 1):
-            if attempt:
-                self._metrics.retries.labels(req.endpoint).inc()
-                await asyncio.sleep(self._retry.backoff(attempt))
-            try:
-                guard = self._attempts.open(role, req, exclude=tried, by_load=req.by_load, streamed=req.stream)
-            except NoWorkerAvailable:
-                if last_error is not None:
-                    break
-                raise
-            worker = guard.worker
-            tried.add(worker.id)
-            with guard:
-                if guard.behind is not None:  # behind a burst's first prefill
-                    await self._attempts.holds.wait(guard, req.model, role)
-                try:
-                    upstream = await self._send(worker.url + req.endpoint, req)
-                except (UpstreamConnectError, TimeoutError) as e:
-                    guard.failed()
-                    last_error = e
-                    log.warning("worker %s unreachable (%s); attempt %d", worker.url, e, attempt + 1)
-                    if req.upload is not None and not req.upload.replayable:
-                        break  # the upload went partly to that worker: it cannot be sent again
-                    continue
-                if (
-                    is_retryable(upstream.status)
-                    and attempt < self._retry.max_retries
-                    and (upstream.status != 429 or self._attempts.any_left(role, req, tried))
-                    and (req.upload is None or req.upload.replayable)
-                ):
-                    # a 429 with no other worker to try is passed on: the client's back-off is the remedy
-                    guard.answered(upstream.status)
-                    upstream.release()
-                    last_error = UpstreamError(f"worker answered {upstream.status}")
-                    log.warning("worker %s answered %d; retrying elsewhere", worker.url, upstream.status)
-                    continue
-                return await self.relay.relay(request, req, upstream, guard)
-        if isinstance(last_error, TimeoutError):
-            raise UpstreamTimeout(f"no worker answered in time after {len(tried)} attempt(s)")
-        raise UpstreamError(
-            f"no worker could serve the request after {len(tried)} attempt(s): {last_error}",
-            code="upstream_unavailable",
+        """Send the request to a worker of ``role`` (to another after a failure: ``retry``) and relay its answer."""
+        return await self._retries.run(
+            role,
+            req,
+            send=lambda guard: self._send(guard.worker.url + req.endpoint, req),
+            use=lambda guard, upstream: self.relay.relay(request, req, upstream, guard),
+            by_load=req.by_load,
+            streamed=req.stream,
         )
 
     async def _send(self, url: str, req: ProxyRequest) -> UpstreamResponse:
+        """POST the client's bytes, or stream its upload; a failed upload is the client's error, not the worker's."""
         if req.upload is None:
             return await self._upstream.post(url, req.raw, req.headers)
         try:

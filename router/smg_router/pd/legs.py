@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError
+from smg_router.retry import describe
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
 
 ERROR_DETAIL_BYTES = 300
@@ -31,12 +32,16 @@ async def post(
     upstream: Upstream, guard: AttemptGuard, role: str, path: str, body: bytes, headers: Mapping[str, str]
 ) -> UpstreamResponse:
     """POST ``body`` to the guard's worker, whatever its status; UpstreamError when it cannot be reached."""
-    worker = guard.worker
     try:
-        return await upstream.post(worker.url + path, body, headers)
+        return await upstream.post(guard.worker.url + path, body, headers)
     except (UpstreamConnectError, TimeoutError) as e:
         guard.failed()
-        raise UpstreamError(f"{role} worker {worker.url} failed: {describe(e)}", code=f"{role}_failed") from None
+        raise unreachable(guard, role, e) from None
+
+
+def unreachable(guard: AttemptGuard, role: str, e: Exception) -> UpstreamError:
+    """The 502 for a worker that could not be reached or timed out, naming it."""
+    return UpstreamError(f"{role} worker {guard.worker.url} failed: {describe(e)}", code=f"{role}_failed")
 
 
 async def failed_answer(guard: AttemptGuard, role: str, resp: UpstreamResponse) -> UpstreamError:
@@ -49,8 +54,3 @@ async def failed_answer(guard: AttemptGuard, role: str, resp: UpstreamResponse) 
     finally:
         resp.abort()
     return UpstreamError(f"{role} worker {guard.worker.url} answered {resp.status}: {detail}", code=f"{role}_failed")
-
-
-def describe(e: BaseException) -> str:
-    """An exception for a message: a TimeoutError's text is empty."""
-    return str(e) or type(e).__name__

@@ -20,11 +20,12 @@ naming it (code ``prefill_failed``), and the decode worker gets nothing; a prefi
 4xx from the prefill worker (the request itself is wrong: too long, unknown model) is passed to the client as
 the engine wrote it; a failed decode leg is a 502 naming the decode worker (``decode_failed``).
 
-Retries: the prefill leg is retried on another prefill worker (connect error, timeout, 5xx, 429; up to
-``--max-retries``, with the proxy's backoff, counted in ``smg_retries_total``) as long as nothing went to the
-decode worker: a prefill that failed holds no KV anyone will read, and its abort timeout frees what it holds.
-The decode leg is never retried: the parameters are single-use (the prefill frees the blocks once a decode read
-them), so a second decode would need a second prefill.
+Retries: the prefill leg is retried on another prefill worker by the regular path's loop (``retry``: connect
+error, timeout, 5xx, 429, a broken-off answer; up to ``--max-retries``, with backoff, counted in
+``smg_retries_total``) as long as nothing went to the decode worker: a prefill that failed holds no KV anyone
+will read, and its abort timeout frees what it holds.  The decode leg is never retried: the parameters are
+single-use (the prefill frees the blocks once a decode read them), so a second decode would need a second
+prefill.
 
 Only ``/v1/chat/completions`` and ``/v1/completions`` with one prompt can be split this way (vLLM returns one
 ``kv_transfer_params`` per request): another endpoint is a 501 (as the regular proxy answers a generation
@@ -34,7 +35,6 @@ endpoint PD does not cover), a batch a 400 naming what to change.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -42,16 +42,14 @@ from typing import Any
 import orjson
 
 from smg_router import wire
-from smg_router.attempt import AttemptGuard, Attempts, is_retryable
-from smg_router.errors import BadRequest, NotSupported, NoWorkerAvailable, UpstreamError
+from smg_router.attempt import AttemptGuard, Attempts
+from smg_router.errors import BadRequest, NotSupported, UpstreamError
 from smg_router.metrics import Metrics
 from smg_router.pd import legs
 from smg_router.relay import Relay, relayed_head
 from smg_router.request import ProxyRequest
-from smg_router.settings import RetrySettings
+from smg_router.retry import RetryLoop, TryElsewhere, describe
 from smg_router.upstream import Upstream, UpstreamResponse
-
-log = logging.getLogger(__name__)
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 """What vLLM can prefill on one engine and decode on another (its OpenAI serving layer takes
@@ -132,13 +130,13 @@ class VllmDispatcher:
     """The two-step PD request path; ``Proxy`` hands it PD-mode requests when ``--pd-mode vllm``."""
 
     def __init__(
-        self, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics, retry: RetrySettings
+        self, *, attempts: Attempts, upstream: Upstream, relay: Relay, metrics: Metrics, retries: RetryLoop
     ) -> None:
         self._attempts = attempts
         self._upstream = upstream
         self._relay = relay
         self._metrics = metrics
-        self._retry = retry
+        self._retries = retries
 
     async def forward(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
         check_request(req.endpoint, req.body)
@@ -171,61 +169,38 @@ class VllmDispatcher:
     async def _prefill(
         self, first: AttemptGuard, req: ProxyRequest, headers: Mapping[str, str]
     ) -> dict[str, Any] | wire.Response:
-        """Run the prefill leg, on another prefill worker after a failure; the transfer parameters it returned."""
+        """Run the prefill leg, on another prefill worker after a failure (``retry``); the transfer parameters it
+        returned, or the engine's 4xx as it wrote it."""
         body = prefill_body(req.body)
-        guard: AttemptGuard | None = first
-        tried: set[str] = set()
-        last: UpstreamError | None = None
-        for attempt in range(self._retry.max_retries + 1):
-            if guard is None:
-                self._metrics.retries.labels(req.endpoint).inc()
-                await asyncio.sleep(self._retry.backoff(attempt))
-                try:
-                    guard = self._attempts.open("prefill", req, exclude=tried)
-                except NoWorkerAvailable:
-                    break
-            tried.add(guard.worker.id)
-            with guard:
-                try:
-                    resp = await legs.post(self._upstream, guard, "prefill", req.endpoint, body, headers)
-                except UpstreamError as e:
-                    last = e
-                    log.warning("%s; attempt %d", e.message, attempt + 1)
-                    guard = None
-                    continue
-                last_try = attempt == self._retry.max_retries
-                if (
-                    is_retryable(resp.status)
-                    and not last_try
-                    and (resp.status != 429 or self._attempts.any_left("prefill", req, tried))
-                ):  # a 429 with no other prefill worker to try is passed on, as on the regular path
-                    last = await legs.failed_answer(guard, "prefill", resp)
-                    log.warning("%s; retrying on another prefill worker", last.message)
-                    guard = None
-                    continue
-                if 400 <= resp.status < 500:
-                    return await self._passed_on(guard, resp)
-                if resp.status >= 500:
-                    raise await legs.failed_answer(guard, "prefill", resp)
-                try:
-                    answer = await resp.read()
-                except (OSError, TimeoutError) as e:
-                    guard.failed()
-                    last = UpstreamError(
-                        f"prefill worker {guard.worker.url} broke off its answer: {legs.describe(e)}",
-                        code="prefill_failed",
-                    )
-                    guard = None
-                    continue
-                finally:
-                    resp.abort()
-                guard.answered(resp.status)
-                return transfer_params(answer, guard.worker.url)
-        assert last is not None  # the first attempt always runs
-        raise UpstreamError(
-            f"{last.message} (after {len(tried)} prefill attempt(s); the decode worker was not asked)",
-            code="prefill_failed",
+        return await self._retries.run(
+            "prefill",
+            req,
+            send=lambda guard: self._upstream.post(guard.worker.url + req.endpoint, body, headers),
+            use=self._prefilled,
+            first=first,
+            unreachable=lambda guard, e: legs.unreachable(guard, "prefill", e),
+            set_aside=lambda guard, resp: legs.failed_answer(guard, "prefill", resp),
+            gave_up=_decode_not_asked,
         )
+
+    async def _prefilled(self, guard: AttemptGuard, resp: UpstreamResponse) -> dict[str, Any] | wire.Response:
+        """The prefill answer the retry loop kept: a 4xx passed on, a 5xx a 502, else its transfer parameters."""
+        if 400 <= resp.status < 500:
+            return await self._passed_on(guard, resp)
+        if resp.status >= 500:
+            raise await legs.failed_answer(guard, "prefill", resp)
+        try:
+            answer = await resp.read()
+        except (OSError, TimeoutError) as e:
+            raise TryElsewhere(
+                UpstreamError(
+                    f"prefill worker {guard.worker.url} broke off its answer: {describe(e)}", code="prefill_failed"
+                )
+            ) from None
+        finally:
+            resp.abort()
+        guard.answered(resp.status)
+        return transfer_params(answer, guard.worker.url)
 
     async def _passed_on(self, guard: AttemptGuard, resp: UpstreamResponse) -> wire.Response:
         try:
@@ -239,3 +214,10 @@ class VllmDispatcher:
             resp.abort()
         guard.answered(resp.status)
         return wire.Response(status=resp.status, body=data, head=relayed_head(resp.headers, guard.worker))
+
+
+def _decode_not_asked(last: Exception, tried: int) -> UpstreamError:
+    """The 502 once every prefill attempt failed: nothing went to the decode worker, so the client may retry."""
+    return UpstreamError(
+        f"{last} (after {tried} prefill attempt(s); the decode worker was not asked)", code="prefill_failed"
+    )
