@@ -93,9 +93,20 @@ def main(argv: Sequence[str]) -> int:
     for path in argv[1:]:
         with open(path) as f:
             docs.append(json.load(f))
-    json.dump(summarize(argv[0], docs), sys.stdout, indent=1)
-    print()
+    print(dumps(summarize(argv[0], docs)))
     return 0
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """JSON with one line per row or cell (a diff then shows which figures moved), the rest indented."""
+    parts = []
+    for key, value in doc.items():
+        if key in ("rows", "cells"):
+            lines = ",\n  ".join(json.dumps(item, separators=(",", ":")) for item in value)
+            parts.append(f"{json.dumps(key)}: [\n  {lines}\n ]")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value, indent=1)}")
+    return "{\n " + ",\n ".join(parts) + "\n}"
 
 
 if __name__ == "__main__":
