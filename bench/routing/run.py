@@ -71,7 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loads", type=_csv(float), default=[0.6, 0.8, 0.95], help="fractions of the fleet's capacity")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--kv-capacity", type=int, default=None, help="KV tokens per worker (default: the workload's)")
-    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument(
+        "--max-running", type=int, default=None, help="running slots per worker (default: the workload's, 16 but wide)"
+    )
     p.add_argument("--prefill-tps", type=float, default=4000.0)
     p.add_argument("--decode-step-ms", type=float, default=15.0)
     p.add_argument("--decode-step-ms-per-req", type=float, default=0.3)
@@ -193,7 +195,7 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
         prefill_tps=a.prefill_tps,
         decode_step_ms=a.decode_step_ms,
         decode_step_ms_per_req=a.decode_step_ms_per_req,
-        max_running=a.max_running,
+        max_running=a.max_running or workload.max_running,
         kv_capacity=a.kv_capacity or workload.kv_capacity,
     )
     capacity = _capacity(workload, cost, workers=a.workers, basis=a.capacity_basis)

@@ -19,7 +19,7 @@ from smg_sim.tokens import encode, prompt_seed, pseudo_text
 
 MODEL = "sim-model"
 Endpoint = Literal["completions", "chat"]
-WORKLOADS = ("shared_prefix", "multi_turn", "unique", "bursty", "long")
+WORKLOADS = ("shared_prefix", "multi_turn", "unique", "bursty", "long", "zipf", "wide")
 
 _VOCABULARY = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
@@ -67,6 +67,8 @@ class Workload:
     requests: tuple[PlannedRequest, ...]
     kv_capacity: int
     """Default KV capacity per worker (tokens) for this workload, when ``--kv-capacity`` is not given."""
+    max_running: int = 16
+    """Default running slots per worker for this workload, when ``--max-running`` is not given."""
 
     @property
     def events(self) -> int:
@@ -205,6 +207,58 @@ def multi_turn(
     )
 
 
+def zipf(
+    rng: random.Random,
+    *,
+    groups: int = 24,
+    requests: int = 240,
+    exponent: float = 1.1,
+    prefix_chars: int = 2000,
+    question_chars: int = 48,
+) -> Workload:
+    """Shared-prefix questions whose groups are not equally popular: group g is asked with weight 1/(g+1)^exponent
+    (a few hot documents, a long tail asked once or twice), in random order."""
+    prefixes = [f"[article {g}] " + _text(rng, prefix_chars - len(f"[article {g}] ")) for g in range(groups)]
+    weights = [1.0 / (g + 1) ** exponent for g in range(groups)]
+    picks = rng.choices(range(groups), weights=weights, k=requests)
+    prompts = [f"{prefixes[g]}\n\nQuestion {i}: {_text(rng, question_chars)}" for i, g in enumerate(picks)]
+    reqs = tuple(_completion(i, p, 16, i) for i, p in enumerate(prompts))
+    return Workload(
+        "zipf",
+        f"{requests} questions on {groups} prefixes of {prefix_chars} chars, popularity Zipf({exponent})",
+        reqs,
+        kv_capacity=7000,
+    )
+
+
+def wide(
+    rng: random.Random,
+    *,
+    groups: int = 16,
+    questions: int = 20,
+    prefix_chars: int = 1500,
+    question_chars: int = 48,
+    answer_tokens: int = 128,
+) -> Workload:
+    """Engines that run many requests at once (256 slots each, as a vLLM or SGLang engine on a GPU): shared-prefix
+    questions with long answers, so that each worker decodes tens of requests together and its backlog counts
+    run in the tens, not the few of a 16-slot engine."""
+    prefixes = [f"[guide {g}] " + _text(rng, prefix_chars - len(f"[guide {g}] ")) for g in range(groups)]
+    prompts = [
+        f"{prefixes[g]}\n\nQuestion {q}: {_text(rng, question_chars)}" for g in range(groups) for q in range(questions)
+    ]
+    rng.shuffle(prompts)
+    reqs = tuple(_completion(i, p, answer_tokens, i) for i, p in enumerate(prompts))
+    return Workload(
+        "wide",
+        f"{groups} groups x {questions} questions, prefix {prefix_chars} chars, {answer_tokens}-token answers,"
+        " 256 slots a worker",
+        reqs,
+        kv_capacity=60000,
+        max_running=256,
+    )
+
+
 def build(name: str, seed: int, *, shared: dict[str, int] | None = None) -> Workload:
     """The plan of workload ``name`` for ``seed``; ``shared`` overrides the sizes of ``shared_prefix``."""
     rng = random.Random(f"{name}:{seed}")
@@ -216,6 +270,8 @@ def build(name: str, seed: int, *, shared: dict[str, int] | None = None) -> Work
         "unique": unique,
         "bursty": bursty,
         "long": long_prompts,
+        "zipf": zipf,
+        "wide": wide,
     }
     if name not in builders:
         raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
