@@ -1,10 +1,12 @@
-"""Proxy benchmark: what a router costs per request, beside a direct connection and the Rust `smg`.
+"""Proxy benchmark: what a router costs per request, beside a direct connection, the Rust `smg` and vLLM's router.
 
 Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/bench_proxy.py [--reps 3] [--duration 5] [--warmup 1]
-        [--targets direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware]
+        [--targets direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware,
+                   vllm:round_robin,vllm:cache_aware]
         [--endpoints generate,chat] [--streams 0,1] [--concurrency 1,64]
-        [--rust-bin /tmp/smg-rust/bin/smg] [--router-commit REV] [--out results.json] [--quick]
+        [--rust-bin /tmp/smg-rust/bin/smg] [--vllm-bin /tmp/vllm-router/bin/vllm-router]
+        [--router-commit REV] [--out results.json] [--quick]
     (a target smg@REV:<policy> runs smg-router as of git REV: before and after side by side in one run;
     smg:<policy>+peer runs a second smg-router as the first's --peer, and counts both routers' CPU: what a request
     costs a fleet of replicas that tell each other their routes, the sending and the receiving; smg:<policy>~NAME
@@ -23,7 +25,11 @@ repetitions and the spread (min-max).  Routers run with their defaults (metrics,
 limits, load monitor, health checks all on).  ``smg`` is the working tree's router, or ``--router-commit``'s
 (``git archive`` of ``router/`` first on PYTHONPATH, as in bench/routing).  Rust cells are skipped, with a
 note, when the Rust binary is absent (``python3 -m venv /tmp/smg-rust && /tmp/smg-rust/bin/pip install
-'smg==1.13.*'``).  Compare ratios from one run, not absolutes (they vary three-fold between machines).
+'smg==1.13.*'``); so are ``vllm:<policy>`` cells, vLLM's router (a Rust router in a Python wheel, one process),
+when its launcher is absent (``python3 -m venv /tmp/vllm-router && /tmp/vllm-router/bin/pip install
+'vllm-router==0.1.17'``); its cache_aware posts each chat request to a worker's ``/v1/chat/completions/render``
+before routing it (smg-sim answers 404; it routes anyway), a round trip its chat cells include.  Compare ratios
+from one run, not absolutes (they vary three-fold between machines).
 Exits 1 when any request failed (wrk socket errors or a non-2xx answer).
 """
 
@@ -62,7 +68,11 @@ HZ = os.sysconf("SC_CLK_TCK")
 LOAD_CORE, SUT_CORE = 0, 1
 MAX_TOKENS = {"generate": 4, "chat": 2}
 """Tokens per answer: streamed, both make 4 SSE chunks before ``[DONE]`` (chat adds its role and finish chunks)."""
-DEFAULT_TARGETS = "direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware"
+DEFAULT_TARGETS = (
+    "direct,smg:round_robin,smg:cache_aware,rust:round_robin,rust:cache_aware,vllm:round_robin,vllm:cache_aware"
+)
+BASELINES = {"rust": "Rust", "vllm": "vLLM"}
+"""The other routers measured beside smg-router (target ``KIND:<policy>``), each in a table column of ratios."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +124,8 @@ class Measured:
 
 
 def descendants(pid: int) -> list[int]:
-    """``pid`` and every live descendant (the Rust `smg` is a Python launcher; its children count too)."""
+    """``pid`` and every live descendant (the Rust `smg` is a Python launcher; its children count too; vLLM's
+    router runs its Rust code inside its launcher's process)."""
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -169,6 +180,7 @@ def router_argv(
     peer: int | None = None,
     extra: Sequence[str] = (),
     python: str = sys.executable,
+    vllm_bin: str = "",
 ) -> list[str]:
     """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer, and
     the flags of its ``--variant``)."""
@@ -180,6 +192,13 @@ def router_argv(
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
             *(("--peer", f"http://127.0.0.1:{peer}") if peer else ()),
             *extra,
+        ]
+    if kind == "vllm":
+        return [
+            *(vllm_bin, "--host", "127.0.0.1", "--port", str(port), "--policy", policy),
+            # its metrics server: loopback (its default too) and a port of its own (29000 by default)
+            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port("127.0.0.1"))),
+            *("--log-level", "warning", "--worker-urls", *workers),
         ]
     return [
         *(rust_bin, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy),
@@ -196,6 +215,7 @@ def ready(target: str, router: Router, workers: int) -> bool:
     if target.startswith("smg"):
         status, body = http_json("GET", router.url + "/workers", timeout=1)
         return status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == workers
+    # the Rust smg and vLLM's router answer /readiness alike (vLLM's only asks the workers' /health at start)
     status, body = http_json("GET", router.url + "/readiness", timeout=1)
     return status == 200 and bool(body.get("healthy_workers") == workers)
 
@@ -207,6 +227,7 @@ def start_router(
     *,
     rust_bin: str,
     pythonpath: Path | None,
+    vllm_bin: str = "",
     port: int | None = None,
     peer: int | None = None,
     extra: Sequence[str] = (),
@@ -217,7 +238,7 @@ def start_router(
     if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
     name = f"{re.sub(r'[:+%]', '-', target)}-{port}"
-    args = router_argv(target, port, workers, rust_bin, peer, extra, python)
+    args = router_argv(target, port, workers, rust_bin, peer, extra, python, vllm_bin)
     router = Router(name=name, args=args, log_path=logs / f"{name}.log", env=env, port=port)
     router.start()
     wait_for(partial(ready, target, router, len(workers)), timeout=60, what=f"{target} at {router.url}")
@@ -315,31 +336,36 @@ def added_p50_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> floa
     return statistics.median((r.p50_ms - d.p50_ms) * 1e3 for r, d in zip(m.runs, direct.runs, strict=True))
 
 
+RATIO_POLICIES = ("cache_aware", "round_robin")
+
+
 def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targets: Sequence[str]) -> str:
-    head = (
-        "| c | load | target | CPU µs/req | vs Rust cache_aware | vs Rust round_robin | p50 ms | p99 ms "
-        "| req/s | p50 added vs direct µs |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-    )
-    rows = [head]
+    """One row per cell and target; CPU per request as a ratio to each baseline's policy of the same name."""
+    vs = [f"vs {name} {policy}" for name in BASELINES.values() for policy in RATIO_POLICIES]
+    names = ["c", "load", "target", "CPU µs/req", *vs, "p50 ms", "p99 ms", "req/s", "p50 added vs direct µs"]
+    rows = [f"| {' | '.join(names)} |", f"|{' --- |' * len(names)}"]
     for cell in sorted(cells, key=lambda c: (c.concurrency, c.endpoint != "generate", c.stream)):
         for target in targets:
             m = results.get((target, cell))
             if m is None:
                 continue
-            vs_ca = ratio(m, results.get(("rust:cache_aware", cell))) if m.target.endswith("cache_aware") else None
-            vs_rr = ratio(m, results.get(("rust:round_robin", cell))) if m.target.endswith("round_robin") else None
+            ratios = [
+                ratio(m, results.get((f"{kind}:{policy}", cell))) if m.target.endswith(policy) else None
+                for kind in BASELINES
+                for policy in RATIO_POLICIES
+            ]
             added = added_p50_us(m, results) if target != "direct" else None
             rows.append(
                 f"| {cell.concurrency} | {cell.label} | {target} | {fmt(m.stat('cpu_us'))} "
-                f"| {f'{vs_ca:.2f}' if vs_ca else ''} | {f'{vs_rr:.2f}' if vs_rr else ''} "
-                f"| {fmt(m.stat('p50_ms'), 2)} | {fmt(m.stat('p99_ms'), 1)} | {fmt(m.stat('rps'))} "
+                + "".join(f"| {f'{r:.2f}' if r else ''} " for r in ratios)
+                + f"| {fmt(m.stat('p50_ms'), 2)} | {fmt(m.stat('p99_ms'), 1)} | {fmt(m.stat('rps'))} "
                 f"| {f'{added:.0f}' if added is not None else ''} |"
             )
     return "\n".join(rows)
 
 
 def c1_latency(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell], targets: Sequence[str]) -> str:
-    """The c=1 added p50 over direct, each target against the Rust one of its policy."""
+    """The c=1 added p50 over direct, each target against the Rust one (and vLLM's) of its policy."""
     lines = []
     for cell in (c for c in cells if c.concurrency == 1):
         parts = []
@@ -348,9 +374,11 @@ def c1_latency(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell],
             added = added_p50_us(m, results) if m else None
             if added is None:
                 continue
-            rust = results.get(("rust:" + target.partition(":")[2], cell))
-            rust_added = added_p50_us(rust, results) if rust else None
-            vs = f" vs Rust {rust_added:.0f} µs ({added / rust_added:.2f}x)" if rust_added else ""
+            vs = ""
+            for kind, name in BASELINES.items():
+                base = results.get((f"{kind}:{target.partition(':')[2]}", cell))
+                base_added = added_p50_us(base, results) if base else None
+                vs += f" vs {name} {base_added:.0f} µs ({added / base_added:.2f}x)" if base_added else ""
             parts.append(f"{target} +{added:.0f} µs{vs}")
         if parts:
             lines.append(f"- c=1 {cell.label}: " + "; ".join(parts))
@@ -370,7 +398,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--targets",
         default=DEFAULT_TARGETS,
         help="comma-separated: direct, smg:<policy>, smg@REV:<policy> (smg-router as of git REV), smg%%PY:<policy> "
-        "(on --python PY's interpreter), rust:<policy>",
+        "(on --python PY's interpreter), rust:<policy>, vllm:<policy> (vLLM's router)",
     )
     p.add_argument("--endpoints", default="generate,chat")
     p.add_argument("--streams", default="0,1", help="0: whole answers, 1: SSE streams")
@@ -394,6 +422,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "PATH -m venv DIR && DIR/bin/pip install .; the code is the working tree's, or REV's)",
     )
     p.add_argument("--rust-bin", default="/tmp/smg-rust/bin/smg")
+    p.add_argument(
+        "--vllm-bin",
+        default="/tmp/vllm-router/bin/vllm-router",
+        help="vLLM's router launcher, for the targets vllm:<policy> (pip install 'vllm-router==0.1.17', own venv)",
+    )
     p.add_argument("--router-commit", help="measure smg-router as of this git revision (default: the working tree)")
     p.add_argument(
         "--out",
@@ -414,9 +447,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?(%\w+)?:\w+(\+peer)?(~\w+)?|rust:\w+", t):
+        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?(%\w+)?:\w+(\+peer)?(~\w+)?|(rust|vllm):\w+", t):
             sys.exit(
-                f"bench_proxy: target {t!r}: expected direct, smg[@REV][%PY]:<policy>[+peer][~NAME] or rust:<policy>"
+                f"bench_proxy: target {t!r}: expected direct, smg[@REV][%PY]:<policy>[+peer][~NAME], rust:<policy> "
+                "or vllm:<policy>"
             )
     variants = {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in args.variant)}
     pythons = {name: path for name, _, path in (v.partition("=") for v in args.python)}
@@ -426,10 +460,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         py = t.partition(":")[0].partition("%")[2]
         if py and not os.access(pythons.get(py, ""), os.X_OK):
             sys.exit(f"bench_proxy: target {t!r}: no --python {py}=PATH to an executable")
-    skipped = [t for t in targets if t.startswith("rust:") and not os.access(args.rust_bin, os.X_OK)]
-    if skipped:
-        print(f"note: {args.rust_bin} not found: skipping {', '.join(skipped)}", file=sys.stderr)
-        targets = [t for t in targets if t not in skipped]
+    skipped = []
+    for kind, binary in (("rust", args.rust_bin), ("vllm", args.vllm_bin)):
+        missing = [t for t in targets if t.startswith(kind + ":") and not os.access(binary, os.X_OK)]
+        if missing:
+            print(f"note: {binary} not found: skipping {', '.join(missing)}", file=sys.stderr)
+            skipped += missing
+    targets = [t for t in targets if t not in skipped]
     cells = [
         Cell(e, s == "1", int(c))
         for c in args.concurrency.split(",")
@@ -457,7 +494,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flags = variants.get(t.rpartition("~")[2], []) if "~" in t.partition(":")[2] else []
                 python = pythons[py] if py else sys.executable
                 start = partial(
-                    start_router, logs, t, urls_, rust_bin=args.rust_bin, pythonpath=code, extra=flags, python=python
+                    start_router,
+                    logs,
+                    t,
+                    urls_,
+                    rust_bin=args.rust_bin,
+                    vllm_bin=args.vllm_bin,
+                    pythonpath=code,
+                    extra=flags,
+                    python=python,
                 )
                 if t.endswith("+peer"):  # each the other's --peer; the second one only receives
                     ports = free_ports(2)
@@ -517,6 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "pythons": pythons,
                 "max_tokens": MAX_TOKENS,
                 "rust_bin": args.rust_bin,
+                "vllm_bin": args.vllm_bin,
                 "cores": {"wrk": LOAD_CORE, "routers_and_workers": SUT_CORE},
             },
             "skipped": skipped,

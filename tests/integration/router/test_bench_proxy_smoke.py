@@ -1,8 +1,8 @@
 """The proxy benchmark's smoke run: ``bench/bench_proxy.py --quick`` (wrk, real smg-sim workers and routers on
 loopback) completes every cell without a failed request and measures each router's CPU.  Asserts behaviour, not
 speed: the figures themselves are in docs/benchmarks.md.  The Rust `smg` cells run where its binary is installed
-(/tmp/smg-rust, docs/benchmarks.md) and are reported as skipped elsewhere; ``wrk`` is installed by
-scripts/install-test-tools.sh."""
+(/tmp/smg-rust, docs/benchmarks.md), and so do vLLM's router's cells (/tmp/vllm-router); both are reported as skipped
+elsewhere; ``wrk`` is installed by scripts/install-test-tools.sh."""
 
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ BENCH = ROOT / "bench" / "bench_proxy.py"
 RUST_BIN = "/tmp/smg-rust/bin/smg"
 SMG_TARGETS = ["direct", "smg:round_robin", "smg:cache_aware"]
 RUST_TARGETS = ["rust:round_robin", "rust:cache_aware"]
+VLLM_BIN = "/tmp/vllm-router/bin/vllm-router"
+VLLM_TARGETS = ["vllm:round_robin", "vllm:cache_aware"]
 
 
-def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+def run_bench(tmp_path: Path, *args: str, quick: bool = True) -> dict[str, Any]:
     assert shutil.which("wrk"), "wrk is missing: run scripts/install-test-tools.sh"
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--out", str(out), *args],
+        [sys.executable, str(BENCH), *(["--quick"] if quick else []), "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=150,
@@ -45,9 +47,9 @@ def refused(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(180)
 def test_quick_run_measures_every_cell_without_a_failed_request(tmp_path: Path) -> None:
     result = run_bench(tmp_path)
-    rust = os.access(RUST_BIN, os.X_OK)
-    expected = SMG_TARGETS + (RUST_TARGETS if rust else [])
-    assert result["skipped"] == ([] if rust else RUST_TARGETS)
+    rust, vllm = os.access(RUST_BIN, os.X_OK), os.access(VLLM_BIN, os.X_OK)
+    expected = SMG_TARGETS + (RUST_TARGETS if rust else []) + (VLLM_TARGETS if vllm else [])
+    assert result["skipped"] == ([] if rust else RUST_TARGETS) + ([] if vllm else VLLM_TARGETS)
     cells = {(c["target"], c["endpoint"], c["stream"], c["concurrency"]): c for c in result["cells"]}
     assert set(cells) == {(t, "chat", s, 8) for t in expected for s in (False, True)}
     for key, cell in cells.items():
@@ -70,6 +72,40 @@ def test_a_missing_rust_binary_skips_only_the_rust_cells(tmp_path: Path) -> None
     result = run_bench(tmp_path, "--targets", "smg:round_robin,rust:cache_aware", "--rust-bin", str(missing))
     assert result["skipped"] == ["rust:cache_aware"]
     assert {c["target"] for c in result["cells"]} == {"smg:round_robin"}
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_vllm_router_skips_only_its_cells(tmp_path: Path) -> None:
+    missing = tmp_path / "no-vllm-router"
+    result = run_bench(tmp_path, "--targets", "smg:round_robin,vllm:cache_aware", "--vllm-bin", str(missing))
+    assert result["skipped"] == ["vllm:cache_aware"]
+    assert {c["target"] for c in result["cells"]} == {"smg:round_robin"}
+
+
+@pytest.mark.timeout(90)
+def test_vllm_router_serves_every_endpoint_bound_to_loopback(tmp_path: Path) -> None:
+    """vLLM's router (where installed), through a wrapper that notes its arguments: /generate and chat, streamed and
+    not, with no failed request; it listens, and serves its metrics on a port of its own, on 127.0.0.1 only."""
+    if not os.access(VLLM_BIN, os.X_OK):
+        pytest.skip(f"{VLLM_BIN} is not installed (docs/benchmarks.md)")
+    noted = tmp_path / "noted"
+    launcher = tmp_path / "vllm-router"
+    launcher.write_text(f'#!/bin/sh\necho "$@" >> {noted}\nexec {VLLM_BIN} "$@"\n')
+    launcher.chmod(0o755)
+    quick = ["--reps", "1", "--duration", "1", "--warmup", "0", "--concurrency", "8"]  # --quick's, both endpoints
+    args = ["--targets", "vllm:cache_aware", "--endpoints", "generate,chat", "--vllm-bin", str(launcher)]
+    result = run_bench(tmp_path, *quick, *args, quick=False)
+    cells = {(c["endpoint"], c["stream"]): c for c in result["cells"]}
+    assert set(cells) == {(e, s) for e in ("generate", "chat") for s in (False, True)}
+    for key, cell in cells.items():
+        (run,) = cell["runs"]
+        assert run["requests"] > 50 and sum(run["errors"].values()) == 0 and run["cpu_us"] > 0, key
+        assert cell["check"]["ok"] and cell["check"].get("chunks", 4) == 4, key
+    argv = noted.read_text().split()
+    flag = {name: argv[argv.index(name) + 1] for name in ("--host", "--port", "--prometheus-host", "--prometheus-port")}
+    assert flag["--host"] == flag["--prometheus-host"] == "127.0.0.1", argv
+    assert flag["--port"] != flag["--prometheus-port"] != "29000", argv
+    assert argv[argv.index("--policy") + 1] == "cache_aware", argv
 
 
 @pytest.mark.timeout(90)
