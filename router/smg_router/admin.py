@@ -171,7 +171,7 @@ def _peer_record(i: int, record: object) -> tuple[str, str, str, str, int]:
     if not (isinstance(record, list) and len(record) == 5):
         raise BadRequest(f"records[{i}]: must be [role, model, worker url, text, head]", code="invalid_field")
     role, model, url, text, head = record
-    if role not in ROLES:
+    if not (isinstance(role, str) and role in ROLES):  # a list or an object cannot even be looked up
         raise BadRequest(f"records[{i}]: role must be one of {', '.join(sorted(ROLES))}", code="invalid_field")
     if not (isinstance(model, str) and isinstance(url, str) and isinstance(text, str)):
         raise BadRequest(f"records[{i}]: model, worker url and text must be strings", code="invalid_field")

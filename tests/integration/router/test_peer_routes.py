@@ -241,6 +241,8 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
             ({"records": [good]}, "a peer batch is"),
             ({"from": "other", "records": [good, ["regular", MODEL, sims[0].url, "x", 5]]}, "records[1]: head"),
             ({"from": "other", "records": [good, ["leader", MODEL, sims[0].url, "x", 0]]}, "records[1]: role"),
+            ({"from": "other", "records": [[{"role": 1}, MODEL, sims[0].url, "x", 0]]}, "records[0]: role"),
+            ({"from": "other", "records": [[["regular"], MODEL, sims[0].url, "x", 0]]}, "records[0]: role"),
             ({"from": "other", "records": [good, [1, 2]]}, "records[1]: must be"),
             ({"from": "other", "records": [["regular", MODEL, 7, "x", 0]]}, "must be strings"),
             ({"from": "other", "records": [good], "prefills": {}}, "a peer batch is"),
