@@ -1,4 +1,5 @@
-"""The non-generative endpoints: embeddings, rerank, score, classify, tokenize/detokenize (vLLM shapes), audio.
+"""The non-generative endpoints: embeddings, rerank, score, classify, tokenize/detokenize and chat render (vLLM
+shapes), audio.
 
 None of them runs through the engine's batch (a real engine's pooling pass is short next to generation);
 each answers from the text alone, deterministically.  An embedding is a hashed bag of words, normalised, so
@@ -195,6 +196,26 @@ async def tokenize(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"count": len(tokens), "max_model_len": state.config.kv_capacity, "tokens": tokens}
     answer["token_strs"] = [chr(t) for t in tokens] if body.get("return_token_strs") else None
     return json_response(answer)
+
+
+async def chat_render(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/render (vLLM shape): the chat template applied and tokenized, answered as the
+    generate request an engine would run (``request_id``, ``token_ids``, ``sampling_params``); nothing runs and
+    nothing is cached.  vLLM's own router asks it before a cache-aware choice."""
+    state, body = await gen.admit(request)
+    if not isinstance(body.get("messages"), list):
+        raise ApiError(400, "messages (a list) is required")
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = gen.parse_max_tokens(limit, name="max_tokens", default=state.config.max_tokens_default, minimum=1)
+    sampling = {"max_tokens": max_tokens, "temperature": body.get("temperature", 1.0), "stop": body.get("stop") or []}
+    return json_response(
+        {
+            "request_id": "chatcmpl-" + uuid.uuid4().hex,
+            "token_ids": encode(chat_prompt(body["messages"])),
+            "features": None,
+            "sampling_params": sampling,
+        }
+    )
 
 
 async def detokenize(request: web.Request) -> web.Response:

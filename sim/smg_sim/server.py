@@ -91,6 +91,7 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     add.add_post("/v1/classify", pooling_api.classify)
     add.add_post("/v1/tokenize", pooling_api.tokenize)
     add.add_post("/v1/detokenize", pooling_api.detokenize)
+    add.add_post("/v1/chat/completions/render", pooling_api.chat_render)
     add.add_post("/v1/audio/transcriptions", pooling_api.transcriptions)
     return app
 

@@ -112,9 +112,26 @@ async def test_rerank_orders_by_shared_words_and_keeps_top_n(sim: SimServer, htt
     assert answer["results"][0]["relevance_score"] >= answer["results"][1]["relevance_score"]
 
 
+async def test_chat_render_answers_the_prompt_token_ids_the_engine_would_run(sim: SimServer, http) -> None:
+    """vLLM's ``/v1/chat/completions/render`` (what vLLM's own router asks before a cache-aware choice): the chat
+    template applied and tokenized, as ``/v1/tokenize`` does, in a generate request's shape; nothing is run."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    status, rendered = await post(
+        http, sim.url + "/v1/chat/completions/render", {"messages": messages, "max_tokens": 7}
+    )
+    assert status == 200, rendered
+    _, tokenized = await post(http, sim.url + "/v1/tokenize", {"messages": messages})
+    assert rendered["token_ids"] == tokenized["tokens"] and rendered["token_ids"]
+    assert rendered["request_id"].startswith("chatcmpl-") and rendered["sampling_params"]["max_tokens"] == 7
+    _, loads = await post(http, sim.url + "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    assert loads["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the render cached nothing
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
+        ("/v1/chat/completions/render", {"messages": "hello"}),
+        ("/v1/chat/completions/render", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
         ("/v1/embeddings", {"input": {}}),
         ("/v1/rerank", {"query": 1, "documents": []}),
         ("/v1/detokenize", {"tokens": [-1]}),
