@@ -28,7 +28,8 @@ note, when the Rust binary is absent (``python3 -m venv /tmp/smg-rust && /tmp/sm
 'smg==1.13.*'``); so are ``vllm:<policy>`` cells, vLLM's router (a Rust router in a Python wheel, one process),
 when its launcher is absent (``python3 -m venv /tmp/vllm-router && /tmp/vllm-router/bin/pip install
 'vllm-router==0.1.17'``); its cache_aware posts each chat request to a worker's ``/v1/chat/completions/render``
-before routing it (smg-sim answers 404; it routes anyway), a round trip its chat cells include.  Compare ratios
+before routing it (smg-sim answers it as vLLM does: the prompt's token ids), a round trip its chat cells
+include, as they would in front of vLLM.  Compare ratios
 from one run, not absolutes (they vary three-fold between machines).
 Exits 1 when any request failed (wrk socket errors or a non-2xx answer).
 """
