@@ -16,7 +16,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-RUN_KEYS = ("command", "started", "commit", "head", "router_commit", "machine", "loadavg_before", "load_average")
+RUN_KEYS = (
+    "command",
+    "started",
+    "commit",
+    "head",
+    "router_commit",
+    "target_commits",
+    "machine",
+    "loadavg_before",
+    "load_average",
+)
 
 
 def _run(doc: dict[str, Any]) -> dict[str, Any]:

@@ -3,11 +3,14 @@
 Reuses ``tests/support/procs.py`` (``Proc`` logs to a file, starts its own session and is stopped by its own
 PID).  Workers each get their own 127.0.0.x address, like pods; router replicas listen on 127.0.0.1.  All the
 replicas of one cell are launched before any is waited for, so eight replicas start about as fast as one.
+A target ``smg:...@REV`` runs smg-router of git revision REV (``target_code``: ``git archive`` into a temp dir put
+first on that target's PYTHONPATH), so a before/after comparison runs in one run.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -37,13 +40,16 @@ RUST_LOAD_MONITOR_S = 10.0
 class Target:
     """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13);
     ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``; a ``~NAME`` suffix adds the flags
-    of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one run."""
+    of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one run; a last
+    ``@REV`` (smg only, e.g. ``smg:cache_aware+peers~nohold@82e7b8e``) runs smg-router of git revision REV
+    (``rev``, kept as written in ``name``; without it: ``--router-commit``, else the working tree)."""
 
     kind: str
     policy: str
     peers: bool = False
     variant: str = ""
     flags: tuple[str, ...] = ()
+    rev: str = ""
 
     @property
     def name(self) -> str:
@@ -51,18 +57,29 @@ class Target:
             f"{self.kind}:{self.policy}"
             + ("+peers" if self.peers else "")
             + (f"~{self.variant}" if self.variant else "")
+            + (f"@{self.rev}" if self.rev else "")
         )
 
     @classmethod
     def parse(cls, text: str, variants: Mapping[str, Sequence[str]] | None = None) -> Target:
+        whole = text
+        text, at, rev = text.partition("@")  # first: REV may hold a ~ (HEAD~1)
         text, tilde, variant = text.partition("~")
         kind, sep, policy = text.partition(":")
         policy, plus, flag = policy.partition("+")
-        if not sep or kind not in ("smg", "rust") or not policy or (plus and (flag != "peers" or kind != "smg")):
-            raise ValueError(f"target {text!r}: expected smg:<policy>[+peers][~VARIANT] or rust:<policy>[~VARIANT]")
+        if (
+            not sep
+            or kind not in ("smg", "rust")
+            or not policy
+            or (plus and (flag != "peers" or kind != "smg"))
+            or (at and (not rev or kind != "smg"))
+        ):
+            raise ValueError(
+                f"target {whole!r}: expected smg:<policy>[+peers][~VARIANT][@REV] or rust:<policy>[~VARIANT]"
+            )
         if tilde and variant not in (variants or {}):
-            raise ValueError(f"target {text}~{variant}: no --variant {variant}=FLAGS")
-        return cls(kind, policy, bool(plus), variant, tuple((variants or {}).get(variant, ())))
+            raise ValueError(f"target {whole}: no --variant {variant}=FLAGS")
+        return cls(kind, policy, bool(plus), variant, tuple((variants or {}).get(variant, ())), rev)
 
 
 def parse_variants(specs: Sequence[str]) -> dict[str, list[str]]:
@@ -143,19 +160,49 @@ def _healthy(sim: Sim) -> bool:
     return sim.alive() and http_json("GET", sim.url + "/health", timeout=1)[0] == 200
 
 
+def resolve_commit(rev: str) -> str:
+    """The full hash of git revision ``rev`` of this repository (ValueError if there is none)."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise ValueError(f"no commit {rev!r} in {ROOT}")
+    return done.stdout.strip()
+
+
 def router_code(commit: str | None, workdir: Path) -> Path | None:
-    """The directory to put first on PYTHONPATH to run smg-router of ``commit`` (None: the installed tree)."""
+    """The directory to put first on PYTHONPATH to run smg-router of ``commit`` (None: the installed tree); one
+    directory per commit under ``workdir``, extracted once."""
     if commit is None:
         return None
-    sha = subprocess.run(
-        ["git", "rev-parse", commit], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    sha = resolve_commit(commit)
     target = workdir / f"router-{sha[:12]}"
     if not target.exists():
         target.mkdir(parents=True)
         archive = subprocess.run(["git", "archive", sha, "router"], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
     return target / "router"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetCode:
+    """The smg-router a target runs: ``commit`` (full hash; None: the working tree) and the directory to put first
+    on PYTHONPATH (None: the installed tree)."""
+
+    commit: str | None
+    pythonpath: Path | None
+
+
+def target_code(targets: Sequence[Target], default_rev: str | None, workdir: Path) -> dict[Target, TargetCode]:
+    """Per smg target, the router code it runs: its own ``@REV``, else ``default_rev`` (``--router-commit``), else
+    the working tree.  Targets of one commit share one extracted directory."""
+    out: dict[Target, TargetCode] = {}
+    for t in targets:
+        if t.kind != "smg":
+            continue
+        rev = t.rev or default_rev
+        out[t] = TargetCode(resolve_commit(rev), router_code(rev, workdir)) if rev else TargetCode(None, None)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +267,7 @@ def start_replicas(logs: Path, launch: Launch, *, count: int, tag: str) -> list[
     ports = free_ports(count)
     try:
         for i, port in enumerate(ports):
-            name = f"{tag}-r{i}-{port}".replace(":", "-").replace("+", "-")
+            name = re.sub(r"[^\w.~-]", "-", f"{tag}-r{i}-{port}")  # a log file's name (REV may hold a /)
             others = [p for p in ports if p != port]
             router = Router(
                 name=name, args=launch.argv(port, others), log_path=logs / f"{name}.log", env=launch.env(), port=port

@@ -3,7 +3,7 @@
 Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/routing/llamacpp.py [--engines 2] [--slots 2] [--groups G] [--questions 10]
         [--replicas 1,2] [--targets smg:cache_aware,smg:round_robin,rust:cache_aware] [--concurrency C]
-        [--router-arg=--flag=value ...] [--rust-arg=...] [--out llamacpp-results.json]
+        [--router-arg=--flag=value ...] [--rust-arg=...] [--router-commit REV] [--out llamacpp-results.json]
 
 The engines are llama.cpp's own server from the ``xllamacpp`` wheel serving the generated tiny model of the
 engine test tier (``tests/support/llamacpp.py``: one ASCII character = one token, no host-RAM prompt cache),
@@ -13,7 +13,9 @@ whose cache shares most of its prompt, else the least recently used one, so an e
 (replicas x target) the engines are restarted on the same addresses (cold caches, zeroed counters, the same
 worker ids), ``--replicas`` fresh routers start in front of them, and the plan is sent closed-loop by
 ``--concurrency`` clients, request ``i`` to replica ``i mod replicas``.  Figures come from the engines' own
-answers: ``usage.prompt_tokens_details.cached_tokens`` and ``timings.prompt_ms``.
+answers: ``usage.prompt_tokens_details.cached_tokens`` and ``timings.prompt_ms``.  Targets are written as in
+``run.py``: ``smg:<policy>[+peers][~VARIANT][@REV]``, ``@REV`` running smg-router of git revision REV (else that of
+``--router-commit``, else the working tree), so before and after run in one run.
 
 The target ``pinned`` is no router: the best schedule this machine can run, as a reference for the routers'
 figures.  The clients send group ``g`` straight to engine ``g mod engines`` (with ``--groups`` = engines x
@@ -47,7 +49,17 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 import aiohttp  # noqa: E402
-from fleet import Launch, Target, decision_counts, parse_variants, start_replicas, stop_all  # noqa: E402
+from fleet import (  # noqa: E402
+    Launch,
+    Target,
+    TargetCode,
+    decision_counts,
+    parse_variants,
+    resolve_commit,
+    start_replicas,
+    stop_all,
+    target_code,
+)
 from oracle import common_prefix_len, oracle_cached  # noqa: E402
 from report import percentile  # noqa: E402
 from support.llamacpp import MODEL_ID, LlamaServer, start_llama_server, tiny_model  # noqa: E402
@@ -90,7 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--targets",
         type=_csv(str),
         default=DEFAULT_TARGETS.split(","),
-        help=f"smg:<policy>[+peers] / rust:<policy> / {PINNED} (no router: the reference schedule)",
+        help=f"smg:<policy>[+peers][~VARIANT][@REV] / rust:<policy>[~VARIANT] / {PINNED} (no router: the reference"
+        " schedule)",
     )
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
     p.add_argument(
@@ -109,6 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), as in run.py',
     )
     p.add_argument("--rust-bin", default=RUST_BIN)
+    p.add_argument(
+        "--router-commit",
+        default=None,
+        help="run smg-router of this commit (git archive, first on PYTHONPATH) for every smg target without @REV",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of the prompts and their order")
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument(
@@ -123,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.concurrency = a.concurrency or a.engines
     try:
         a.targets = [PINNED if t == PINNED else Target.parse(t, parse_variants(a.variant)) for t in a.targets]
+        revs = {t.rev for t in a.targets if t != PINNED and t.rev} | ({a.router_commit} if a.router_commit else set())
+        for rev in revs:
+            resolve_commit(rev)
     except ValueError as e:
         p.error(str(e))
     return a
@@ -463,9 +484,13 @@ def main(argv: list[str] | None = None) -> int:
     prompts = plan(a)
     reference = lru_reference(prompts, engines=a.engines, slots=a.slots)
     started = time.time()
+    tmp = tempfile.TemporaryDirectory(prefix="routing-llamacpp-")
+    code: dict[Target, TargetCode] = target_code([t for t in a.targets if t != PINNED], a.router_commit, Path(tmp.name))
     doc: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "head": _git("rev-parse", "HEAD"),
+        "router_commit": resolve_commit(a.router_commit) if a.router_commit else "working tree",
+        "target_commits": {t.name: c.commit or "working tree" for t, c in code.items()},
         "dirty": bool(_git("status", "--porcelain", "router")),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "load_average": os.getloadavg(),
@@ -488,8 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{a.concurrency} clients; LRU reference {reference:.3f}",
         file=sys.stderr,
     )
-    with tempfile.TemporaryDirectory(prefix="routing-llamacpp-") as tmp:
-        logs = a.keep_logs or Path(tmp)
+    with tmp:
+        logs = a.keep_logs or Path(tmp.name)
         logs.mkdir(parents=True, exist_ok=True)
         fleet = Fleet(logs, a)
         try:
@@ -513,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                         smg_args=a.router_arg,
                         rust_args=a.rust_arg,
                         rust_bin=a.rust_bin,
+                        router_pythonpath=code[target].pythonpath if target in code else None,
                     )
                     try:
                         routers = start_replicas(logs, launch, count=replicas, tag=f"llama-{target.name}-{replicas}")
@@ -533,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
                     doc["rows"].append(
                         {**cell, "wall_s": wall, "lru_reference": reference, "load_average": os.getloadavg()}
                         | {"head": head, "router_dirty": dirty}
+                        | ({"router_commit": code[target].commit or "working tree"} if target in code else {})
                         | {"metrics": metrics, "decisions": decisions}
                     )
                     save()

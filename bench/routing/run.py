@@ -12,7 +12,8 @@ processes in front of all the workers (fresh trees; the workers' caches are flus
 with Poisson arrivals at ``load`` times the fleet's capacity (``capacity.py``: from the sim's cost model),
 spreading requests over the replicas by client-side round robin, and reports per cell the cached-token share
 the workers reported, the oracle (unbounded KV), TTFT p50/p90/p99, throughput, load spread and errors.
-See bench/routing/README.md.
+A target ``smg:...@REV`` (e.g. ``smg:cache_aware@HEAD~1``) runs smg-router of git revision REV, the others that of
+``--router-commit`` or the working tree: before and after in one run.  See bench/routing/README.md.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from capacity import CostModel, fleet_capacity  # noqa: E402
 from fleet import (  # noqa: E402
     Launch,
     Target,
+    TargetCode,
     decision_counts,
     parse_variants,
-    router_code,
+    resolve_commit,
     start_replicas,
     start_sims,
     stop_all,
+    target_code,
     wait_for,
 )
 from loadgen import drive  # noqa: E402
@@ -66,7 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--workload", type=_csv(str), default=["shared_prefix"], help=f"comma list of {', '.join(WORKLOADS)}"
     )
-    p.add_argument("--targets", type=_csv(str), default=DEFAULT_TARGETS.split(","), help="smg:<policy> / rust:<policy>")
+    p.add_argument(
+        "--targets",
+        type=_csv(str),
+        default=DEFAULT_TARGETS.split(","),
+        help="smg:<policy>[+peers][~VARIANT][@REV] / rust:<policy>[~VARIANT]",
+    )
     p.add_argument("--replicas", type=_csv(int), default=[1, 2, 4, 8])
     p.add_argument("--loads", type=_csv(float), default=[0.6, 0.8, 0.95], help="fractions of the fleet's capacity")
     p.add_argument("--workers", type=int, default=4)
@@ -98,27 +106,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), e.g. a="--cache-threshold 0.5"',
     )
     p.add_argument("--rust-bin", default=RUST_BIN)
-    p.add_argument("--router-commit", default=None, help="run smg-router of this commit (git archive) on PYTHONPATH")
+    p.add_argument(
+        "--router-commit",
+        default=None,
+        help="run smg-router of this commit (git archive, first on PYTHONPATH) for every smg target without @REV",
+    )
     p.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "out" / "routing" / "results.json", help="(git ignores bench/out)"
     )
     p.add_argument("--plots", type=Path, default=None, help="directory for PNG plots (default: beside --out)")
     p.add_argument("--keep-logs", type=Path, default=None, help="keep the processes' logs here")
-    p.add_argument("--quick", action="store_true", help="shared_prefix, smg cache_aware + round_robin, 1-2 replicas")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="shared_prefix, 1-2 replicas, load 0.8, time scale 0.1; --targets default: smg cache_aware, round_robin",
+    )
     a = p.parse_args(argv)
     if a.quick:
-        a.workload, a.targets, a.replicas, a.loads, a.time_scale = (
-            ["shared_prefix"],
-            ["smg:cache_aware", "smg:round_robin"],
-            [1, 2],
-            [0.8],
-            0.1,
-        )
+        a.workload, a.replicas, a.loads, a.time_scale = (["shared_prefix"], [1, 2], [0.8], 0.1)
+        if a.targets == DEFAULT_TARGETS.split(","):
+            a.targets = ["smg:cache_aware", "smg:round_robin"]
     for w in a.workload:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}")
     try:
         a.targets = [Target.parse(t, parse_variants(a.variant)) for t in a.targets]
+        for rev in {t.rev for t in a.targets if t.rev} | ({a.router_commit} if a.router_commit else set()):
+            resolve_commit(rev)
     except ValueError as e:
         p.error(str(e))
     return a
@@ -157,7 +171,7 @@ def _capacity(workload: Workload, cost: CostModel, *, workers: int, basis: str) 
 class Results:
     """The run's JSON, rewritten after every cell so an interrupted run keeps what it measured."""
 
-    def __init__(self, a: argparse.Namespace) -> None:
+    def __init__(self, a: argparse.Namespace, code: dict[Target, TargetCode]) -> None:
         self.path: Path = a.out
         self.started = time.time()
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "targets"}
@@ -167,6 +181,7 @@ class Results:
             "router_commit": _git("rev-parse", a.router_commit) if a.router_commit else "working tree",
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
             "settings": settings | {"targets": [t.name for t in a.targets]},
+            "target_commits": {t.name: c.commit or "working tree" for t, c in code.items()},
             "workloads": {},
             "rows": [],
             "failures": [],
@@ -187,7 +202,9 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path | None, results: Results) -> None:
+def run_workload(
+    a: argparse.Namespace, name: str, logs: Path, code: dict[Target, TargetCode], results: Results
+) -> None:
     """Every cell of workload ``name``: one fleet of workers, fresh routers per cell."""
     sizes = {"groups": a.groups, "questions": a.questions, "prefix_chars": a.prefix_chars}
     workload = build(name, a.seed, shared={k: v for k, v in sizes.items() if v is not None})
@@ -235,7 +252,7 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                         smg_args=a.router_arg,
                         rust_args=a.rust_arg,
                         rust_bin=a.rust_bin,
-                        router_pythonpath=router_path,
+                        router_pythonpath=code[target].pythonpath if target in code else None,
                     )
                     _flush(sims)
                     try:
@@ -265,7 +282,10 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
                         workload.requests, outcomes, samples, time_scale=a.time_scale, workers=a.workers
                     )
                     metrics["router_decisions"] = decisions
-                    results.rows.append({**cell, "offered_rps": load * capacity, "wall_s": wall, "metrics": metrics})
+                    commit = {"router_commit": code[target].commit or "working tree"} if target in code else {}
+                    results.rows.append(
+                        {**cell, "offered_rps": load * capacity, "wall_s": wall, **commit, "metrics": metrics}
+                    )
                     results.save()
                     t = metrics["ttft_ms"]
                     print(
@@ -283,13 +303,13 @@ def run_workload(a: argparse.Namespace, name: str, logs: Path, router_path: Path
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    results = Results(a)
     with tempfile.TemporaryDirectory(prefix="routing-bench-") as tmp:
+        code = target_code(a.targets, a.router_commit, Path(tmp))
+        results = Results(a, code)
         logs = a.keep_logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
-        router_path = router_code(a.router_commit, Path(tmp))
         for name in a.workload:
-            run_workload(a, name, logs, router_path, results)
+            run_workload(a, name, logs, code, results)
     results.save()
     print(markdown(results.rows))
     print(pivot(results.rows))

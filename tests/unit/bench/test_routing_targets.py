@@ -1,16 +1,20 @@
-"""The routing benchmark's targets: ``smg:<policy>[+peers][~VARIANT]``, a variant adding its flags to every replica,
-so that the arms of a comparison run side by side in one run (same machine state, targets innermost)."""
+"""The routing benchmark's targets: ``smg:<policy>[+peers][~VARIANT][@REV]``, a variant adding its flags to every
+replica and ``@REV`` running the router of a git revision, so that the arms of a comparison run side by side in one
+run (same machine state, targets innermost)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "routing"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "routing"))
 
-from fleet import Launch, Target, parse_variants
+from fleet import Launch, Target, parse_variants, resolve_commit, target_code  # noqa: E402
 
 
 def test_a_variant_adds_its_flags_after_the_common_ones_and_names_the_target() -> None:
@@ -27,7 +31,65 @@ def test_a_target_without_a_variant_keeps_its_name_and_flags() -> None:
     assert (t.name, t.peers, t.variant, t.flags) == ("smg:round_robin", False, "", ())
 
 
-@pytest.mark.parametrize("text", ["smg:cache_aware~missing", "rust:cache_aware+peers", "smg", "other:rr"])
+@pytest.mark.parametrize("peers", [False, True])
+@pytest.mark.parametrize("variant", ["", "nohold"])
+@pytest.mark.parametrize("rev", ["", "82e7b8e", "HEAD~1", "origin/main"])
+def test_a_rev_comes_last_keeps_its_text_in_the_name_and_leaves_the_rest_as_without_it(
+    peers: bool, variant: str, rev: str
+) -> None:
+    text = (
+        "smg:cache_aware"
+        + ("+peers" if peers else "")
+        + (f"~{variant}" if variant else "")
+        + (f"@{rev}" if rev else "")
+    )
+    t = Target.parse(text, parse_variants(["nohold=--prefill-hold-seconds 0"]))
+    assert (t.kind, t.policy, t.peers, t.variant, t.rev) == ("smg", "cache_aware", peers, variant, rev)
+    assert t.flags == (("--prefill-hold-seconds", "0") if variant else ())
+    assert t.name == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "smg:cache_aware~missing",
+        "rust:cache_aware+peers",
+        "smg",
+        "other:rr",
+        "smg:cache_aware@",
+        "rust:cache_aware@HEAD",
+        "smg:@HEAD",
+        "smg:cache_aware+peers~missing@HEAD",
+    ],
+)
 def test_a_malformed_target_or_unknown_variant_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         Target.parse(text, parse_variants(["known=--x 1"]))
+
+
+def test_targets_at_two_commits_run_two_code_dirs_and_the_others_the_default(tmp_path: Path) -> None:
+    head, parent = Target.parse("smg:cache_aware@HEAD"), Target.parse("smg:cache_aware+peers@HEAD~1")
+    plain, rust = Target.parse("smg:round_robin"), Target.parse("rust:cache_aware")
+    code = target_code([head, parent, plain, rust], None, tmp_path)
+    assert set(code) == {head, parent, plain}  # a Rust target runs no smg-router
+    assert code[head].commit == resolve_commit("HEAD") != code[parent].commit == resolve_commit("HEAD~1")
+    assert code[head].pythonpath != code[parent].pythonpath
+    for c in (code[head], code[parent]):
+        assert c.pythonpath is not None and (c.pythonpath / "smg_router" / "__main__.py").is_file()
+        listed = subprocess.run(
+            ["git", "ls-tree", "-r", "--name-only", c.commit or "", "router/smg_router"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        extracted = sorted(str(p.relative_to(c.pythonpath.parent)) for p in c.pythonpath.rglob("*") if p.is_file())
+        assert sorted(p for p in extracted if p.startswith("router/smg_router/")) == sorted(listed)
+    assert (code[plain].commit, code[plain].pythonpath) == (None, None)  # the working tree
+    assert target_code([plain], "HEAD~1", tmp_path)[plain] == code[parent]  # --router-commit, the same dir
+
+
+def test_launch_puts_its_targets_code_first_on_pythonpath(tmp_path: Path) -> None:
+    t = Target.parse("smg:cache_aware@HEAD")
+    env = Launch(t, ["http://w:1"], 0.25, router_pythonpath=tmp_path).env()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
