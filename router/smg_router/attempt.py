@@ -54,14 +54,63 @@ from collections import deque
 from collections.abc import Callable, Collection
 from enum import Enum
 from types import TracebackType
+from typing import Protocol
 
 from smg_router.errors import NoWorkerAvailable
 from smg_router.metrics import Metrics
-from smg_router.policies.base import NO_PEERS, Peers, Policy, RouteRequest
+from smg_router.policies.base import Policy, RouteRequest
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import Worker, worker_id_for
+
+
+class Peers(Protocol):
+    """The other router replicas, as the request path sees them (``peers.PeerSync``): told what this one routed and
+    which first prefills its requests lead."""
+
+    id: str
+    """This router's id in what it tells (the peers' ids order their claims on a first prefill: ``Holds``)."""
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
+        ...
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
+        """A request of this router brought ``prefix`` (its leading chars) to the worker and leads its first prefill
+        there (``done`` False), or that prefill ended (``done`` True): tell every peer (``Holds``; ``hurry``:
+        without the batch delay)."""
+        ...
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        """As ``tell_prefill`` of a start; ``answered`` is called once every peer answered the batch that carried
+        it, with the ids of those that lead a prefill of the same prefix on the same worker themselves (``Holds``)."""
+        ...
+
+    def in_sync(self) -> bool:
+        """Whether there are peers and every one acknowledged what it was told lately."""
+        ...
+
+
+class NoPeers:
+    """A router with no peers configured: nobody to tell, never in sync."""
+
+    id = ""
+
+    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
+        pass
+
+    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
+        pass
+
+    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
+        answered([])
+
+    def in_sync(self) -> bool:
+        return False
+
+
+NO_PEERS: Peers = NoPeers()
 
 
 def is_worker_failure(status: int) -> bool:
@@ -587,8 +636,11 @@ class Attempts:
         metrics: Metrics,
         by_load: Policy | None = None,
         holds: Holds | None = None,
+        peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
+        self._peers = peers
+        """Told every route of a policy that keeps prompts (so their indexes hold what the fleet was sent)."""
         self._policies = policies
         self._metrics = metrics
         self._by_load = by_load
@@ -623,6 +675,8 @@ class Attempts:
         t0 = time.perf_counter()
         decision = policy.route(candidates, req, time.monotonic())  # a routing key pins it first (sticky)
         self._metrics.decision_seconds.labels(policy.name).observe(time.perf_counter() - t0)
+        if decision.prefix is not None:
+            self._peers.tell(role, req.model, decision.worker.url, req.text, req.head)
         prefill = len(req.text) if decision.prefill is None else decision.prefill
         guard = AttemptGuard(decision.worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
         if streamed is not None:

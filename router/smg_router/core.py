@@ -15,11 +15,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from smg_router import wire
-from smg_router.attempt import Holds
+from smg_router.attempt import NO_PEERS, Holds, Peers
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.peers import PeerSync
-from smg_router.policies.base import NO_PEERS, Peers
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.proxy import Proxy
@@ -55,11 +54,10 @@ class RouterCore:
                 max_body=settings.server.max_payload_size,
             )
         told: Peers = self.peers if self.peers is not None else NO_PEERS
-        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, peers=told)
+        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
-        self.metrics.add_backlog_share_source(self.loads.own_share)
         self.fleet = Fleet(
             settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
         )
@@ -87,6 +85,7 @@ class RouterCore:
             pd_mode=settings.pd.mode if settings.pd.enabled else None,
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
             routing=settings.routing,  # session key header, model aliases
+            peers=told,  # told every cache-aware route
             holds=Holds(  # a burst on a new prefix waits for its first prefill
                 seconds=settings.policy.prefill_hold_seconds,
                 metrics=self.metrics,

@@ -445,17 +445,6 @@ class Metrics:
     def add_tree_bytes_source(self, source: TreeBytesSource) -> None:
         self.registry.register(_TreeBytesCollector(source))
 
-    def add_backlog_share_source(self, source: Callable[[], float | None]) -> None:
-        self.registry.register(
-            _ScrapeGauge(
-                "smg_router_backlog_share",
-                "This router's share of the workers' polled backlog (its in-flight requests at each poll over the "
-                "running + waiting the engines report, over the last ~10 polls): about 1 for a router alone, 1/N for "
-                "one of N replicas; below 0.75 cache-aware placement stops judging KV room from this router's tree",
-                source,
-            )
-        )
-
     def add_peers_in_sync_source(self, source: Callable[[], float | None]) -> None:
         self.registry.register(
             _ScrapeGauge(

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import orjson
 
 from smg_router import wire
-from smg_router.attempt import Attempts, Holds
+from smg_router.attempt import NO_PEERS, Attempts, Holds, Peers
 from smg_router.errors import (
     BadRequest,
     ModelNotFound,
@@ -58,6 +58,7 @@ class Proxy:
         by_load: Policy | None = None,
         routing: RoutingSettings | None = None,
         holds: Holds | None = None,
+        peers: Peers = NO_PEERS,
     ) -> None:
         self._registry = registry
         self._routing = routing or RoutingSettings()
@@ -72,6 +73,7 @@ class Proxy:
             metrics=metrics,
             by_load=by_load,
             holds=holds,
+            peers=peers,
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``attempt.Holds``); the peers' leads go in too (``admin``)."""

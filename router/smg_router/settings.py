@@ -52,23 +52,11 @@ class PolicySettings:
     over the routable workers, under the load gate): every router replica places a new prefix on the same
     worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
     shared system prompt, short enough to be the same for every request of a group."""
-    placement_choices: int = 0
-    """How many rendezvous-ranked workers a miss may go to: the best-ranked of them whose share of the tree has
-    room left for the prompt under its KV cap (the first when none has), so a worker that holds what its engine
-    can cache is not handed one more group while another has room (the hash alone piles groups unevenly);
-    judged only by a router that sends most of the fleet's backlog (one of several replicas places by rank, as
-    the others do).  0 (the default): every routable worker; 1: the first-ranked only (every replica always
-    agrees)."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
     does.  On the low side of English text (~4 chars a token): forgetting early costs little, since a
     forgotten prefix is placed by rendezvous on the worker that most likely still holds it.  0: no cap."""
-    warmup_seconds: float = 120.0
-    """A worker that joined a fleet already serving (new, or back after its engine lost its cache) warms up
-    for this long, while it holds less than the mean share of a model's tree: a hit whose rendezvous choice
-    is that worker goes to it when it is no busier than the holders (branch ``warmup``), so it takes up the
-    groups every replica would have placed there, instead of only the new groups that arrive.  0: off."""
     prefill_hold_seconds: float = 10.0
     """A burst on one new prefix: the requests routed to the worker that takes its first streamed request wait, at
     most this long, until that request's answer starts (the engine then holds the prefix: they prefill only their
@@ -399,29 +387,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         routing,
-        "--placement-choices",
-        pol.placement_choices,
-        type=int,
-        help="a miss goes to the best-ranked of this many workers with KV room left for it (the 1st when none "
-        "has); 0: every worker; 1: the 1st always",
-        why="every worker, since one replica on the routing benchmark cached 0.861 of the tokens with it, 0.808 "
-        "with the better of two",
-    )
-    add(
-        routing,
         "--tree-chars-per-token",
         pol.tree_chars_per_token,
         type=float,
         help="a worker's tree share is capped at its engine's KV tokens times this (0: no cap)",
         why="the low side of English text's ~4 chars a token, since forgetting a prefix early costs little",
-    )
-    add(
-        routing,
-        "--warmup-seconds",
-        pol.warmup_seconds,
-        type=float,
-        help="a worker that joined a serving fleet takes the hits placed on it for this long (0: off)",
-        why="two minutes, one default --eviction-interval; not measured",
     )
     add(
         routing,
@@ -705,14 +675,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
-    if a.placement_choices < 0:
-        parser.error("--placement-choices must be 0 (every worker) or more")
     if a.placement_prefix_chars < 1:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
         parser.error("--tree-chars-per-token must be 0 (no cap) or a positive number of chars")
-    if not 0.0 <= a.warmup_seconds < 1e9:  # NaN fails this too
-        parser.error("--warmup-seconds must be 0 (off) or a positive number of seconds")
     if not 0.0 <= a.prefill_hold_seconds < 1e6:  # NaN fails this too
         parser.error("--prefill-hold-seconds must be 0 (off) or a positive number of seconds")
     if not 0.0 <= a.prefill_claim_seconds <= 1.0:  # NaN fails this too
@@ -816,9 +782,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
-            placement_choices=a.placement_choices,
             tree_chars_per_token=a.tree_chars_per_token,
-            warmup_seconds=a.warmup_seconds,
             prefill_hold_seconds=a.prefill_hold_seconds,
             prefill_claim_seconds=a.prefill_claim_seconds,
             prefill_claim_min_chars=a.prefill_claim_min_chars,

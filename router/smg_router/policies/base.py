@@ -13,7 +13,7 @@ the policy, then the policy records the choice (``pinned``); every other request
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -63,7 +63,7 @@ class Decision:
 
     worker: Worker
     branch: str
-    """Which rule chose it: cache_aware's ``hit``, ``miss``, ``spill``, ``warmup``, ``namespace``; ``session`` or
+    """Which rule chose it: cache_aware's ``hit``, ``miss``, ``spill``, ``namespace``; ``session`` or
     ``stored`` when a routing key pinned it; the policy's name for a policy that keeps no state of prompts."""
     matched: int = 0
     """Chars of the prompt the chosen worker holds, as the policy's cache index says (0: none, or not known)."""
@@ -77,55 +77,6 @@ class Decision:
     """Why the policy's first choice was not taken (``imbalance``, ``stale_tenant``), if it was not."""
 
 
-class Peers(Protocol):
-    """The other router replicas, as a policy sees them (``peers.PeerSync``): told what this one routed."""
-
-    id: str
-    """This router's id in what it tells (the peers' ids order their claims on a first prefill: ``attempt.Holds``)."""
-
-    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
-        """This router sent ``text`` (its head ``head`` chars) of ``model`` to the worker: tell every peer."""
-        ...
-
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
-        """A request of this router brought ``prefix`` (its leading chars) to the worker and leads its first prefill
-        there (``done`` False), or that prefill ended (``done`` True): tell every peer (``attempt.Holds``; ``hurry``:
-        without the batch delay)."""
-        ...
-
-    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
-        """As ``tell_prefill`` of a start; ``answered`` is called once every peer answered the batch that carried
-        it, with the ids of those that lead a prefill of the same prefix on the same worker themselves
-        (``attempt.Holds``)."""
-        ...
-
-    def in_sync(self) -> bool:
-        """Whether there are peers and every one acknowledged what it was told lately (then this router's tree
-        holds what the fleet was sent, as a router alone's does)."""
-        ...
-
-
-class NoPeers:
-    """A router with no peers configured: nobody to tell, never in sync."""
-
-    id = ""
-
-    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
-        pass
-
-    def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
-        pass
-
-    def claim(self, worker_url: str, prefix: str, answered: Callable[[list[str]], None]) -> None:
-        answered([])
-
-    def in_sync(self) -> bool:
-        return False
-
-
-NO_PEERS: Peers = NoPeers()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyContext:
     """Handed to every instance by the factory; an instance cannot be built without it."""
@@ -136,7 +87,6 @@ class PolicyContext:
     role: str
     """The policy slot: regular, prefill or decode (the ``role`` label of its metrics)."""
     rng: random.Random
-    peers: Peers = NO_PEERS
 
 
 class Policy:
@@ -155,8 +105,7 @@ class Policy:
             return self.decide(workers, req, now)
         i, branch = pin(workers, self.loads_of(workers, req.model, now), key, req.worker_hint, self.ctx.settings)
         self.ctx.metrics.decisions.labels(req.model, self.ctx.role, branch).inc()
-        self.pinned(workers[i], req)
-        return Decision(worker=workers[i], branch=branch)
+        return self.pinned(workers[i], req, branch)
 
     def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         """Choose among ``workers`` (non-empty, all routable, stable order)."""
@@ -166,9 +115,10 @@ class Policy:
         """The worker ``decide`` chooses, without the rest of the decision."""
         return self.decide(workers, req, now).worker
 
-    def pinned(self, worker: Worker, req: RouteRequest) -> None:
-        """``worker`` was chosen for ``req`` by its routing key: keep what the policy knows true (cache_aware
-        inserts the text for it).  Stateless policies ignore it."""
+    def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
+        """``worker`` was chosen for ``req`` by its routing key (``branch``): keep what the policy knows true
+        (cache_aware records the prompt for it) and say so as a decision."""
+        return Decision(worker=worker, branch=branch)
 
     def sync(self, workers: Sequence[Worker]) -> None:
         """The workers this instance can reach now (lifecycle).  Stateless policies ignore it."""
@@ -207,18 +157,3 @@ def least_loaded(workers: Sequence[Worker], loads: Sequence[int], among: Iterabl
     """Index of the least-loaded worker; ties go to fewer processed, then to the earlier one."""
     indices = range(len(workers)) if among is None else among
     return min(indices, key=lambda i: (loads[i], workers[i].processed, i))
-
-
-PREFILL_BLOCK = 1024
-"""Chars of prefill that ``prefill_wait`` tells apart: how far each prefill got is unknown, so finer differences
-(two prompts of 995 and 1003 chars) say less than which was sent first."""
-
-
-def prefill_wait(worker: Worker) -> tuple[int, float]:
-    """Orders workers by how long a new prompt would wait there for its prefill, least first: engines prefill before
-    they decode, so what this router sent that has not started its answer is ahead of it (``Worker.prefill_chars``,
-    in blocks of PREFILL_BLOCK); of two with as much ahead, the one sent to longer ago is the nearer done.  A worker
-    that prefills nothing this router sent takes it at once, whatever it decodes."""
-    if not worker.prefilling:
-        return (0, 0.0)
-    return (-(-worker.prefill_chars // PREFILL_BLOCK), worker.sent_at)

@@ -1,112 +1,55 @@
-"""cache_aware: route each request to the worker most likely to hold its prompt prefix in KV cache.
+"""cache_aware: send each request to the worker most likely to hold its prompt's prefix in KV cache.
 
-One approximate radix tree per model (tenants are worker URLs, keys are characters of the routing
-text: the whole prompt as the engine sees it, after its cache namespace marker).  Per request, over the
-routable workers:
+The decision (``docs/routing.md`` states it too, with the mechanism behind each flag), over the routable workers of
+the request's model:
 
-1. Effective load of each worker = max(backend running + waiting + what this router sent since the poll,
-   local in-flight) from the shared load snapshot (``LoadView``; local in-flight alone when the snapshot is
-   stale, counted as ``no_load_data``).
-2. The load gate: a worker is over it when ``load - min > balance_abs_threshold`` AND ``load > min *
-   balance_rel_threshold`` (min over the routable workers).
-3. Match: ``rate = matched_chars / len(text)``; ``rate > cache_threshold`` (strictly) counts a tree hit
-   (``smg_cache_tree_hits_total``, else a miss).  The tree decides when it is a hit that also covers what
-   placement looks at (in a chat, at least ``min(head, placement_prefix_chars)`` chars: a match of only
-   the system prompt every conversation shares says nothing of this one): of the routable holders of the deepest
-   matched node that are within the gate (streamed requests there with this prompt's leading chars that have not
-   started their answer, ``Worker.joining``: held behind its first prefill, or sent together to a worker that holds
-   it, are not counted against it: the engine prefills them together, one prefill, and it joins them), the one with
-   the least
-   left to prefill (``prefill_wait``: engines prefill before they decode, so a prompt waits for the prefills ahead
-   of it), then the least loaded (branch ``hit``) --
-   unless a worker is warming up (below) and is the rendezvous choice for the text (branch ``warmup``).  If every
-   holder is over the gate, the request spills (branch ``spill``, fallback ``imbalance``); if no holder is routable,
-   fallback ``stale_tenant``.  Everything else is placed (branch ``miss``; ``namespace`` in a cache namespace).
-   A prompt without a head (completions, ``/generate``: 0) has a hit on the rate alone.
-4. Spills and misses are placed by rendezvous hashing: the worker that ranks first for the leading
-   ``placement_prefix_chars`` of the text's head (``RouteRequest.head``: a chat up to its first user message, which
-   every later turn repeats, so a conversation keeps its key; the whole text of a plain prompt; a hash of those chars
-   and the worker's id, itself a hash of its URL) among those within the load gate (the same gate as for hits: one rule
-   for "too busy"; when it rules a worker out, fallback ``imbalance``).  Every router replica computes the same ranking
-   from the same shared backlog, so replicas that never talk send a new prefix to the same worker, and only load moves
-   it.  One exception, for misses (``placement_choices``; 0, the default, looks at every worker): the best-ranked worker
-   whose share of the tree has room left for the prompt under its KV cap takes it (the first-ranked when none has), so a
-   worker that already holds what its engine can cache is not handed one more group while another has room (over 30
-   fleets of 4 workers the hash alone put 4-8 of 12 groups on one). An engine that keeps one prompt per slot (llama.cpp,
-   its slots read from ``/props``: ``LoadView.slots``) has room while a slot is free for a new key (``_held``: the keys
-   of the last prompts sent there, one per slot). Room is judged from this router's tree, which knows what the engines
-   hold only when it holds what the whole fleet was sent: while its peers are in sync (``peers``: the other replicas
-   tell it every route, ``observe`` inserts them, and it tells them its own), or while its polls show it sends at least
-   ALONE_SHARE of the fleet's backlog (``LoadView.own_share``; a router alone sends about all of it, one of N replicas
-   about 1/N); such a router also weighs what the prompt would wait for, since no replica has to agree with it: first
-   (but for the slot engines without a free slot: a prompt there evicts a whole one) the workers with the
-   least it sent left to prefill (``prefill_wait``; a worker prefilling nothing takes the prompt at
-   once), of those the ones with room, then the best-ranked at most ALONE_SLACK requests busier than the least loaded (a
-   new group or a unique prompt goes where it waits least; the group's next requests follow it as hits; before the
-   prefill came first, unique prompts' TTFT p99 was twice round_robin's). A replica in sync with its peers
-   knows what the fleet holds from every replica's routes but the prefills only from its own, so it asks first for room,
-   then for the fewest prompts of this one's size held (``_prompts_held``: a new group goes where fewer are, so the
-   groups and their traffic spread evenly, whatever the hash draw: 6 documents of 16k on 4 workers went 3/2/1/0 by rank
-   with room, and the worker with three spilled), then the prefills. One of several replicas out of sync
-   places every miss on the first-ranked worker, as the others do: a move judged from one replica's partial tree is a
-   move the others do not make, and the group ends up cached twice (with rank only, 8 replicas cache exactly what one
-   does; with peers 2-8 replicas cache about what one does). Measured on the
-   routing benchmark, one replica: 0.76 (rank only) -> 0.82 (two choices) -> 0.86 (every worker) -> 0.87 (and
-   the slack) of the tokens cached (oracle 0.88). A spill (its holders are over the gate: load decides it)
-   is placed as a miss is, so a lone router sends it where it waits least, not behind another burst; replicas in sync
-   with their peers spill by rank alone, so that every one spills a hot prefix to the same worker (by their own prefills
-   they scattered it: 4 replicas kept 0.82 of the tokens cached instead of 0.87).
-5. Insert the text for the chosen worker, in the same descent as the match.
+Inputs
+- the cache index of each worker (``policies.index``): the deepest prefix of the prompt a worker holds, and the
+  workers that hold it (the holders);
+- each worker's load: its engine's running + waiting requests as last polled, plus what this router sent it since
+  (``LoadView.effective``); for a holder, less the streamed requests on this prompt's prefix there that have not
+  started their answer (they join its prefill: the engine computes it once);
+- the gate: a worker is over it when its load exceeds the least loaded worker's by more than
+  ``balance_abs_threshold`` and is more than ``balance_rel_threshold`` times it.
+
+Branches
+1. hit: the match covers more than ``cache_threshold`` of the prompt (in a chat, at least its placement key: a
+   system prompt every conversation shares says nothing of this one).  The request goes to the least loaded holder
+   within the gate (ties: rendezvous rank).  If every holder is over the gate it is placed (2): branch ``spill``,
+   fallback ``imbalance``.  If no holder is routable it is placed: fallback ``stale_tenant``.
+2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
+   room for the prompt (its share under the engine's KV capacity; an engine that keeps one prompt per slot: a slot
+   free or holding this prompt's key), or all of them when none has; the one that ranks first for the prompt's
+   placement key by rendezvous hashing.  The key is the leading ``placement_prefix_chars`` of the prompt's head (a
+   chat up to its first user message, which later turns repeat; a plain prompt's text), so every replica places a
+   conversation or a document group on the same worker, and its later requests follow as hits.  A worker ruled out
+   by the gate counts fallback ``imbalance``.
+
+Output: a ``Decision`` (worker, branch, chars it holds, chars to prefill, placement prefix, fallback); the chosen
+worker's index records the prompt.  The decision reads only the request, the fleet, the polled loads and the
+indexes: two replicas that see the same state choose the same worker.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
-``pinned`` then inserts its text for that worker, so the tree still says what each engine caches.
+``pinned`` then records its prompt for that worker, so the index still says what each engine caches.
 
-Warm-up: a worker that joined a serving fleet (after the workers this instance first saw, while its model's
-tree held something: not the fleet registered one by one at start), less than warmup_seconds ago, and holds
-less of the tree than the mean share, takes the hits whose rendezvous choice it is when it is no busier than
-the holders: it takes up the groups every replica would place on it, each moving once.
-``smg_routing_matched_chars_total`` counts the deepest match (``of="fleet"``) and the chosen worker's part of
-it (``of="chosen"``).
-
-Defaults (``PolicySettings``): cache_threshold 0.3, balance_abs_threshold 4, balance_rel_threshold
-1.5, placement_prefix_chars 1024.  A request for a model
-with no tree gets one created on the spot and is counted as ``no_tree`` (the lifecycle should have made it).
-
-Upkeep is off the request path: ``select`` never evicts.  ``sync`` detaches a worker that left from its
-trees at once (O(1): no match sees it from then on) and retires the tree of a model that left; the
-router's one upkeep task (``PolicyRegistry.tree_upkeep``, over every instance's ``tree_slots``) then
-reclaims their nodes, caps each worker at max_tree_size (2**26) chars per tree (every eviction_interval,
-120 s, and at max_tree_size * high_water_ratio in between) and at its engine's KV capacity
-(``tenant_cap``: the worker's ``kv_capacity_tokens`` when its spec sets one, else the tokens its engine
-reports, times tree_chars_per_token, checked every round, so the tree forgets a prefix about when the engine
-does), and keeps all the trees of the router under
-tree_memory_budget (256 MiB) estimated bytes, in slices of a few milliseconds.
+Upkeep is off the request path: ``decide`` never evicts.  ``sync`` detaches a worker that left from its trees at
+once and retires the tree of a model that left; the router's one upkeep task (``PolicyRegistry.tree_upkeep``) then
+reclaims their nodes, caps each worker at ``max_tree_size`` chars per tree and at its engine's KV capacity
+(``tenant_cap``), and keeps every tree of the router under ``tree_memory_budget`` bytes.
 """
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.metrics import CounterSeries, Metrics
-from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest, prefill_wait
-from smg_router.policies.placement import (
-    placement_key,
-    rendezvous_pick,
-    rendezvous_ranked,
-    rendezvous_score,
-    within_gate,
-)
+from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest
+from smg_router.policies.index import CacheIndex, deepest
+from smg_router.policies.placement import placement_key, rendezvous_score, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
-ALONE_SHARE = 0.75
-"""The share of the fleet's backlog from which a router judges room from its own tree (module docstring, 4)."""
-ALONE_SLACK = 1
-"""A router that sends most of the backlog places a miss on the best-ranked worker (with room, when any has)
-at most this many requests busier than the least loaded of them (module docstring, 4)."""
 UNKNOWN_SLOTS = 16
 """Placement keys kept for a worker whose engine has not said yet whether it keeps one prompt per slot."""
 
@@ -133,15 +76,6 @@ class _Counts:
         series.inc()
 
 
-def _least(among: list[int], key: Callable[[int], Any]) -> list[int]:
-    """The workers of ``among`` (in its order) with the least ``key``; ``key`` is not asked when one is left."""
-    if len(among) == 1:
-        return among
-    keys = [key(i) for i in among]
-    best = min(keys)
-    return [i for i, k in zip(among, keys, strict=True) if k == best]
-
-
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
     uses_load = True
@@ -149,45 +83,31 @@ class CacheAwarePolicy(Policy):
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
         self._trees: dict[str, RadixTree] = {}
+        """model -> the approximate index of its workers that have no index of their own."""
+        self._own: dict[str, CacheIndex] = {}
+        """worker url -> its own index (``attach_index``: one fed by its engine's KV events); absent: the tree."""
         self._retired: list[tuple[str, RadixTree]] = []
         """Trees of models that left, their tenants detached, until upkeep has reclaimed their nodes
         (dropping a big tree at once would free it all in one go, or leave cycles for a full collection)."""
-        self._joined: dict[str, tuple[int, float]] = {}
-        """worker url -> (sync round, monotonic time) it appeared in; a worker that left and came back is new.
-        Round 0 for a worker that appeared while its model's tree held nothing: it joined no serving fleet (the
-        router and the operator register a fleet one worker per round before any traffic), so it never warms up."""
-        self._syncs = 0
-        self._warm_until = 0.0
-        """Monotonic time the last newcomer's warm-up ends (a cheap test on the request path)."""
+        self._served: set[str] = set()
+        """The urls of the workers this instance was last synced with."""
         self._kv_set: dict[str, int] = {}
         """worker url -> the ``kv_capacity_tokens`` of its spec, where set; refreshed by every ``sync`` (the
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
         self._counts: dict[str, _Counts] = {}
         """model -> its decision series (``_Counts``)."""
         self._held: dict[str, OrderedDict[int, None]] = {}
-        """worker url -> placement keys of the last prompts this router sent it, oldest first, at most one per slot,
-        for a worker whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold.
-        Dropped by ``sync`` when the worker leaves."""
+        """worker url -> placement keys of the last prompts sent it, oldest first, at most one per slot, for a worker
+        whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
         """Make the trees match the reachable workers: a tree per model, no tenant that left."""
         wanted: dict[str, set[str]] = {}
-        self._syncs += 1
-        now = time.monotonic()
         self._kv_set = {w.url: w.spec.kv_capacity_tokens for w in workers if w.spec.kv_capacity_tokens is not None}
-        joined = {}
-        for w in workers:
-            if (seen := self._joined.get(w.url)) is None:
-                tree = self._trees.get(w.model_id or "")
-                seen = (self._syncs if tree is not None and tree.tenant_sizes() else 0, now)
-            joined[w.url] = seen
-        self._joined = joined
-        self._held = {url: keys for url, keys in self._held.items() if url in joined}
-        if self._joined:
-            first = min(r for r, _ in self._joined.values())
-            ends = [at for r, at in self._joined.values() if r > first]
-            self._warm_until = max(ends) + self.ctx.settings.warmup_seconds if ends else 0.0
+        self._served = {w.url for w in workers}
+        self._held = {url: keys for url, keys in self._held.items() if url in self._served}
+        self._own = {url: index for url, index in self._own.items() if url in self._served}
         for w in workers:
             wanted.setdefault(w.model_id or "", set()).add(w.url)  # "": the workers of a model not known yet
         for model in wanted:
@@ -198,6 +118,13 @@ class CacheAwarePolicy(Policy):
                 tree.detach_tenant(tenant)
             if model not in wanted:
                 self._retired.append((model, self._trees.pop(model)))
+
+    def attach_index(self, worker_url: str, index: CacheIndex) -> None:
+        """From now on ``worker_url``'s prompts are matched in ``index`` (its engine's own), not in the tree; the
+        tree forgets it.  Dropped when the worker leaves (``sync``)."""
+        self._own[worker_url] = index
+        for tree in self._trees.values():
+            tree.detach_tenant(worker_url)
 
     def retire(self) -> None:
         """This instance is dropped (its slot went away): detach every tenant of every tree."""
@@ -213,92 +140,103 @@ class CacheAwarePolicy(Policy):
     # -- request path ---------------------------------------------------------------------------
     def decide(self, workers: Sequence[Worker], req: RouteRequest, now: float) -> Decision:
         model, text = req.model, req.text
-        tree = self._trees.get(model)
-        if tree is None:
-            tree = self._trees[model] = RadixTree()
-            self.fallback(model, "no_tree")
+        tree = self._tree(model)
         loads = self.loads_of(workers, model, now)
+        key_text = self._key_text(text, req.head)
         decision: Decision | None = None
 
         def choose(match: Match) -> str:
             nonlocal decision
-            i, branch, fallback = self._choose_by_match(workers, loads, match, tree, model, text, req.head)
-            chosen = workers[i]
-            held = match.matched_chars if chosen.url in match.tenants else 0
-            prefix = self._key_text(text, req.head)
-            decision = Decision(
-                worker=chosen,
-                branch=branch,
-                matched=held,
-                prefill=len(text) - held,
-                prefix=prefix,
-                cold=held < len(prefix),
-                fallback=fallback,
-            )
-            return chosen.url
+            decision = self._decide(workers, loads, match, model, req, key_text)
+            return decision.worker.url
 
-        tree.match_and_insert(text, choose)
+        if not self._own:  # every worker's index is the tree: match and insert in one descent
+            tree.match_and_insert(text, choose)
+        else:
+            url = choose(deepest(text, self._indexes(tree, workers)))
+            self._index_of(tree, url).insert(text, url)
         assert decision is not None  # match_and_insert always asks
-        self._hold(decision.worker.url, text, req.head)
-        self.ctx.peers.tell(self.ctx.role, model, decision.worker.url, text, req.head)
+        self._hold(decision.worker.url, key_text)
         return decision
 
-    def pinned(self, worker: Worker, req: RouteRequest) -> None:
-        """A session key chose ``worker``: the engine will cache the prompt there, so the tree says so."""
-        tree = self._trees.get(req.model)
-        if tree is None:
-            tree = self._trees[req.model] = RadixTree()
-            self.fallback(req.model, "no_tree")
-        tree.insert(req.text, worker.url)
-        self._hold(worker.url, req.text, req.head)
-        self.ctx.peers.tell(self.ctx.role, req.model, worker.url, req.text, req.head)
+    def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
+        """A session key chose ``worker``: the engine will cache the prompt there, so the index says so."""
+        tree = self._tree(req.model)
+        held = tree.match(req.text)
+        self._index_of(tree, worker.url).insert(req.text, worker.url)
+        key_text = self._key_text(req.text, req.head)
+        self._hold(worker.url, key_text)
+        matched = held.matched_chars if worker.url in held.tenants else 0
+        return Decision(
+            worker=worker,
+            branch=branch,
+            matched=matched,
+            prefill=len(req.text) - matched,
+            prefix=key_text,
+            cold=matched < len(key_text),
+        )
 
     def observe(self, model: str, worker_url: str, text: str, head: int) -> bool:
-        """A peer router sent ``text`` to the worker: the engine caches it there, so this tree says so too (a
+        """A peer router sent ``text`` to the worker: the engine caches it there, so this index says so too (a
         worker this instance does not serve is not taken: it left, or has not been registered here yet)."""
-        if worker_url not in self._joined:
+        if worker_url not in self._served:
             return False
-        tree = self._trees.get(model)
-        if tree is None:
-            tree = self._trees[model] = RadixTree()
-        tree.insert(text, worker_url)
-        self._hold(worker_url, text, head)
+        self._index_of(self._tree(model), worker_url).insert(text, worker_url)
+        self._hold(worker_url, self._key_text(text, head))
         return True
+
+    def _tree(self, model: str) -> RadixTree:
+        tree = self._trees.get(model)
+        if tree is None:  # the lifecycle makes it; a request for a model it has not seen yet counts
+            tree = self._trees[model] = RadixTree()
+            self.fallback(model, "no_tree")
+        return tree
+
+    def _index_of(self, tree: RadixTree, worker_url: str) -> CacheIndex:
+        return self._own.get(worker_url, tree)
+
+    def _indexes(self, tree: RadixTree, workers: Sequence[Worker]) -> list[CacheIndex]:
+        """Each index of these workers once (the tree first)."""
+        found: list[CacheIndex] = [tree]
+        for w in workers:
+            index = self._own.get(w.url)
+            if index is not None and all(index is not i for i in found):
+                found.append(index)
+        return found
 
     def _key_text(self, text: str, head: int) -> str:
         """The leading chars placement hashes: of the head (a chat's up to its first user message; a plain prompt's
         whole text), at most placement_prefix_chars."""
         return text[: min(head or len(text), self.ctx.settings.placement_prefix_chars)]
 
-    def _hold(self, worker_url: str, text: str, head: int) -> None:
+    def _hold(self, worker_url: str, key_text: str) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
         keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused.  Kept
         too while the engine has reported neither slots nor a KV capacity (llama.cpp's ``/props`` is read after
-        its first requests may have gone out: forgetting them let a third group onto a worker whose two slots
-        held two); no longer once it reported a capacity without slots (SGLang, vLLM)."""
+        its first requests may have gone out); no longer once it reported a capacity without slots (SGLang, vLLM)."""
         loads, worker_id = self.ctx.loads, worker_id_for(worker_url)
         slots = loads.slots(worker_id)
         if slots is None and loads.kv_tokens(worker_id) is not None:
             return
-        key = placement_key(self._key_text(text, head), self.ctx.settings.placement_prefix_chars)
+        key = placement_key(key_text, self.ctx.settings.placement_prefix_chars)
         held = self._held.setdefault(worker_url, OrderedDict())
         held[key] = None
         held.move_to_end(key)
         while len(held) > (slots or UNKNOWN_SLOTS):
             held.popitem(last=False)
 
-    def _choose_by_match(
+    def _decide(
         self,
         workers: Sequence[Worker],
         loads: list[int],
         match: Match,
-        tree: RadixTree,
         model: str,
-        text: str,
-        head: int,
-    ) -> tuple[int, str, str | None]:
-        """(the chosen worker's index, the decision branch, the fallback reason if any), each counted."""
+        req: RouteRequest,
+        key_text: str,
+    ) -> Decision:
+        """The module docstring's branches, each counted."""
         s = self.ctx.settings
+        text = req.text
         counts = self._counts.get(model)
         if counts is None:
             counts = self._counts[model] = _Counts(self.ctx.metrics, model, self.ctx.role)
@@ -306,131 +244,63 @@ class CacheAwarePolicy(Policy):
         counts.ratio.observe(rate)
         (counts.hits if rate > s.cache_threshold else counts.misses).inc()
         counts.fleet.inc(match.matched_chars)
-        key_text = self._key_text(text, head)
+        key = placement_key(key_text, s.placement_prefix_chars)
         ok = within_gate(loads, s)
-        # in a conversation the tree decides only when it knows what placement looks at (the head's leading
-        # chars): a match of less (a system prompt every conversation shares) says nothing of this one
-        covered = not head or match.matched_chars >= min(head, s.placement_prefix_chars)
-        fallback: str | None = None
+        covered = not req.head or match.matched_chars >= len(key_text)
+        branch, fallback, chosen = "miss", None, -1
         if rate > s.cache_threshold and covered:
             holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
             gated, gate = loads, ok
-            if any(key_text in workers[i].joining for i in holders):  # a burst there not prefilled yet: it joins it
+            if any(key_text in workers[i].joining for i in holders):  # requests that join its prefill
                 gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
                 gate = within_gate(gated, s)
             usable = [i for i in holders if gate[i]]
             if usable:
-                best = min(usable, key=lambda i: (prefill_wait(workers[i]), gated[i], workers[i].processed))
-                warming = self._warming(workers, tree)
-                if warming:
-                    home = self._place(workers, ok, key_text)
-                    if home in warming and home not in holders and loads[home] <= loads[best]:
-                        counts.decided("warmup")
-                        return home, "warmup", None
-                counts.decided("hit")
-                counts.chosen.inc(match.matched_chars)
-                return best, "hit", None
-            if holders:
-                counts.decided("spill")
-                self.fallback(model, "imbalance")
-                if self.ctx.peers.in_sync():  # replicas agree where a hot prefix spills (module docstring, 4)
-                    return self._place(workers, ok, key_text), "spill", "imbalance"
-                return self._place_new(workers, loads, ok, key_text, tree, len(text)), "spill", "imbalance"
-            fallback = "stale_tenant"
+                branch = "hit"
+                chosen = min(usable, key=lambda i: (gated[i], -rendezvous_score(key, workers[i].id)))
+            elif holders:
+                branch, fallback = "spill", "imbalance"
+            else:
+                fallback = "stale_tenant"
+        if chosen < 0:
+            if fallback is None and not all(ok):
+                fallback = "imbalance"  # the workers' backlog ruled some out of placement
+            chosen = self._place(workers, ok, key, len(text), model)
+            if branch == "miss" and text.startswith(NAMESPACE_MARK):
+                branch = "namespace"
+        if fallback is not None:
             self.fallback(model, fallback)
-        if not all(ok):
-            fallback = fallback or "imbalance"
-            self.fallback(model, "imbalance")  # the workers' backlog ruled some out of placement
-        chosen = self._place_new(workers, loads, ok, key_text, tree, len(text))
-        if workers[chosen].url in match.tenants:  # a match below the threshold, or not covering the head
-            counts.chosen.inc(match.matched_chars)
-        branch = "namespace" if text.startswith(NAMESPACE_MARK) else "miss"
         counts.decided(branch)
-        return chosen, branch, fallback
+        worker = workers[chosen]
+        held = match.matched_chars if worker.url in match.tenants else 0
+        if held:
+            counts.chosen.inc(held)
+        return Decision(
+            worker=worker,
+            branch=branch,
+            matched=held,
+            prefill=len(text) - held,
+            prefix=key_text,
+            cold=held < len(key_text),
+            fallback=fallback,
+        )
 
-    def _place(self, workers: Sequence[Worker], ok: Sequence[bool], text: str) -> int:
-        """Rendezvous hashing among the workers within the load gate (see the module docstring, 4)."""
-        return rendezvous_pick(workers, ok, placement_key(text, self.ctx.settings.placement_prefix_chars))
-
-    def _place_new(
-        self,
-        workers: Sequence[Worker],
-        loads: Sequence[int],
-        ok: Sequence[bool],
-        key_text: str,
-        tree: RadixTree,
-        size: int,
-    ) -> int:
-        """A miss or a spill: among the first ``placement_choices`` ranked workers (0: all), those with the least this
-        router sent left to prefill, of those the ones whose share of the tree has room left for the prompt under its
-        KV cap (in sync with peers: room, then the fewest prompts held, then the prefills), then the best-ranked no more
-        than ALONE_SLACK busier than the least loaded; by rank alone for one of several replicas out of sync (module
-        docstring, 4)."""
-        s = self.ctx.settings
-        if s.placement_choices == 1:
-            return self._place(workers, ok, key_text)
-        key = placement_key(key_text, s.placement_prefix_chars)
-        alone = self._sends_the_traffic()
-        if not alone and not self.ctx.peers.in_sync():
-            return rendezvous_pick(workers, ok, key)
-        if s.placement_choices:
-            among = rendezvous_ranked(workers, ok, key, s.placement_choices)
-        else:
-            among = [i for i, fits in enumerate(ok) if fits]
-        if len(among) == 1:
-            return among[0]
-        # one criterion after the other, each asked only of the workers the ones before left tied (under load the
-        # prefill order alone decides, and the room checks are not made); a criterion that ties them all by
-        # construction is not asked (no slot engine among them, none prefilling, none past the slack): the same
-        # choice, without a call per worker per criterion on every miss (`bench/request_path.py`).
-        # One pass finds which those are.
-        slots = self.ctx.loads.slots
-        least, prefilling, slot_engines = loads[among[0]], False, False
-        for i in among:
+    def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
+        """Placement (module docstring, 2): the first by rendezvous rank of the workers within the gate that have
+        room for the prompt, or of every worker within the gate when none has."""
+        ranked = sorted(((rendezvous_score(key, w.id), i) for i, w in enumerate(workers) if ok[i]), reverse=True)
+        tree = self._trees[model]
+        for _, i in ranked:
             w = workers[i]
-            least = min(least, loads[i])
-            prefilling = prefilling or w.prefilling > 0
-            slot_engines = slot_engines or slots(w.id) is not None
+            if self._has_room(self._index_of(tree, w.url), w, size, key):
+                return i
+        return ranked[0][1]  # the least loaded worker is always within the gate
 
-        def full(i: int) -> bool:
-            return not self._has_room(tree, workers[i], size, key)
-
-        def slots_full(i: int) -> bool:
-            return slots(workers[i].id) is not None and full(i)
-
-        waits: tuple[Callable[[int], Any], ...] = ((lambda i: prefill_wait(workers[i])),) if prefilling else ()
-        criteria: tuple[Callable[[int], Any], ...]
-        if alone:  # a slot engine without a free slot would evict a whole prompt: room first there
-            criteria = ((slots_full,) if slot_engines else ()) + waits + (full,)
-        else:  # in sync: it knows what the fleet holds from every replica's routes, the prefills only from its own
-            criteria = (full, lambda i: self._prompts_held(tree, workers[i], size), *waits)
-        for criterion in criteria:
-            if len(among) == 1:
-                return among[0]
-            among = _least(among, criterion)
-        slack = least + ALONE_SLACK
-        if len(among) > 1 and max(loads[i] for i in among) > slack:
-            among = _least(among, lambda i: max(0, loads[i] - slack))
-        return among[0] if len(among) == 1 else max(among, key=lambda i: rendezvous_score(key, workers[i].id))
-
-    def _sends_the_traffic(self) -> bool:
-        """Whether this router sends most of the fleet's backlog itself (``LoadView.own_share`` at least ALONE_SHARE,
-        or not known yet)."""
-        share = self.ctx.loads.own_share()
-        return share is None or share >= ALONE_SHARE
-
-    def _prompts_held(self, tree: RadixTree, worker: Worker, size: int) -> int:
-        """About how many prompts of ``size`` chars the worker's share of the tree holds (its slots' keys for a slot
-        engine): a new group goes where fewer are, so that the fleet's groups, and their traffic, spread evenly."""
-        if self.ctx.loads.slots(worker.id) is not None:
-            return len(self._held.get(worker.url, ()))
-        return (tree.tenant_size(worker.url) + size // 2) // max(1, size)  # rounded: a prompt a char short is one
-
-    def _has_room(self, tree: RadixTree, worker: Worker, size: int, key: int) -> bool:
-        """Whether ``size`` more chars fit in the worker's share of the tree under its KV cap (no cap: room); for an
+    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int) -> bool:
+        """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
         engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more
-        prompts than it keeps (and a held prompt's old questions, which it no longer keeps, as taken)."""
+        prompts than it keeps."""
         slots = self.ctx.loads.slots(worker.id)
         if slots is not None:
             held = self._held.get(worker.url)
@@ -440,23 +310,7 @@ class CacheAwarePolicy(Policy):
                 held.popitem(last=False)
             return key in held or len(held) < slots
         cap = self.tenant_cap(worker.url)
-        return cap is None or tree.tenant_size(worker.url) + size <= cap
-
-    def _warming(self, workers: Sequence[Worker], tree: RadixTree) -> set[int]:
-        """The newcomers still warming up: joined after the fleet's first workers (the router's own start is no
-        warm-up: everyone is empty then), less than warmup_seconds ago, and holding less of this tree than the
-        mean share of the workers."""
-        now = time.monotonic()
-        if now >= self._warm_until:
-            return set()
-        joined = [self._joined.get(w.url, (0, 0.0)) for w in workers]
-        first = min(r for r, _ in joined)
-        since = now - self.ctx.settings.warmup_seconds
-        new = [i for i, (r, at) in enumerate(joined) if r > first and at > since]
-        if not new:
-            return set()
-        mean = sum(tree.tenant_size(w.url) for w in workers) / len(workers)
-        return {i for i in new if tree.tenant_size(workers[i].url) < mean}
+        return cap is None or index.tenant_size(worker.url) + size <= cap
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

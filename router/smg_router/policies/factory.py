@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from smg_router.metrics import Metrics
-from smg_router.policies.base import NO_PEERS, Peers, Policy, PolicyContext
+from smg_router.policies.base import Policy, PolicyContext
 from smg_router.policies.cache_aware import CacheAwarePolicy
 from smg_router.policies.simple import LeastLoadPolicy, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from smg_router.policy_names import POLICY_NAMES, canonical_name
@@ -30,11 +30,9 @@ class PolicyFactory:
         settings: PolicySettings,
         loads: LoadView,
         metrics: Metrics,
-        peers: Peers = NO_PEERS,
         seed: int | None = None,
     ) -> None:
         self._settings = settings
-        self._peers = peers
         self._loads = loads
         self._metrics = metrics
         self._rng = random.Random(seed)
@@ -47,6 +45,5 @@ class PolicyFactory:
             metrics=self._metrics,
             role=role,
             rng=self._rng,
-            peers=self._peers,
         )
         return cls(ctx)

@@ -10,9 +10,6 @@ import time
 
 from smg_router.workers.worker import Worker
 
-SHARE_DECAY = 0.9
-"""Weight of the earlier polls in ``own_share``: about the last ten polls of each worker count."""
-
 
 class LoadView:
     """Effective load = max(backend + dispatched since the poll, local in-flight) while the backend figure is
@@ -26,7 +23,7 @@ class LoadView:
     counts a ``no_load_data`` fallback).
     """
 
-    __slots__ = ("_entries", "_kv_tokens", "_ours", "_seen", "_shares", "_slots", "max_age")
+    __slots__ = ("_entries", "_kv_tokens", "_slots", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
@@ -35,20 +32,11 @@ class LoadView:
         self._kv_tokens: dict[str, int] = {}
         self._slots: dict[str, int] = {}
         """worker id -> the slots of an engine that keeps one prompt's KV per slot (llama.cpp)"""
-        self._shares: dict[str, tuple[float, float]] = {}
-        """worker id -> decayed sums over its polls of (this router's in-flight, the backlog)"""
-        self._ours = self._seen = 0.0
-        """The same sums over every worker (kept up to date by ``record`` and ``forget``)."""
 
     def record(self, worker_id: str, load: int, *, at: float | None = None, inflight: int = 0) -> None:
         """A poll's backlog (the engine's KV capacity comes by ``record_kv``).
         ``inflight``: this router's in-flight count for the worker when the poll was sent (in the backlog)."""
         self._entries[worker_id] = (load, time.monotonic() if at is None else at, inflight)
-        ours, seen = self._shares.get(worker_id, (0.0, 0.0))
-        new = (ours * SHARE_DECAY + inflight, seen * SHARE_DECAY + max(load, inflight))
-        self._shares[worker_id] = new
-        self._ours += new[0] - ours
-        self._seen += new[1] - seen
 
     def record_kv(self, worker_id: str, tokens: int, *, slots: int | None = None) -> None:
         """The KV cache capacity in tokens the worker's engine reported (kept until another or ``forget``), and
@@ -61,9 +49,6 @@ class LoadView:
         self._entries.pop(worker_id, None)
         self._kv_tokens.pop(worker_id, None)
         self._slots.pop(worker_id, None)
-        ours, seen = self._shares.pop(worker_id, (0.0, 0.0))
-        self._ours -= ours
-        self._seen -= seen
 
     def kv_tokens(self, worker_id: str) -> int | None:
         """The KV cache capacity in tokens the worker's engine last reported (kept while it answers polls
@@ -73,16 +58,6 @@ class LoadView:
     def slots(self, worker_id: str) -> int | None:
         """How many prompts the worker's engine caches, one per slot, when it is such an engine (else None)."""
         return self._slots.get(worker_id)
-
-    def own_share(self) -> float | None:
-        """This router's share of the fleet's backlog over the recent polls: its in-flight requests when each poll
-        went out over the backlog the engines reported (in-flight when greater: sent, not yet seen there), summed
-        over the workers.  About 1 for a router alone; about 1/N for one of N replicas behind a Service (or less
-        when clients reach the engines another way).  None until the polls have seen a request's worth of
-        backlog (a fleet idle for long decays back to None)."""
-        if self._seen < 1.0:
-            return None
-        return min(1.0, max(0.0, self._ours / self._seen))
 
     def backend(self, worker_id: str, now: float | None = None) -> int | None:
         """The worker's last polled running + waiting, or None when missing or stale."""

@@ -70,36 +70,6 @@ async def test_global_backlog_router_b_sees_load_sent_through_router_a(logs: Pat
         b.stop()
 
 
-async def test_each_router_reports_its_share_of_the_backlog_the_one_sending_it_high_the_other_none(
-    logs: Path, pair: list[Sim]
-) -> None:
-    """``smg_router_backlog_share``: what decides whether cache-aware placement judges KV room from the router's own
-    tree (a router that sends most of the traffic) or places by rank alone (one of several replicas)."""
-    urls = [s.url for s in pair]
-    fast = ["--load-monitor-interval", "0.1"]
-    a = start_router(logs, workers=urls, args=fast)
-    b = start_router(logs, workers=urls, args=fast)
-    try:
-        a.wait_routable(2)
-        b.wait_routable(2)
-
-        def share(r: Router) -> float | None:
-            line = next((x for x in r.metrics().splitlines() if x.startswith("smg_router_backlog_share ")), None)
-            return None if line is None else float(line.split()[1])
-
-        assert share(a) is None and share(b) is None  # nothing polled but idle workers yet
-        async with flood(a.url, 12, prompt=f"{uuid.uuid4()} held", distinct=True):
-            await _wait_backlog(b, urls[0], 1)
-            await asyncio.to_thread(
-                wait_until,
-                lambda: (share(a) or 0) > 0.75 and share(b) is not None and share(b) < 0.25,  # type: ignore[operator]
-                what="A to see it sends the backlog and B that it sends none of it",
-            )
-    finally:
-        a.stop()
-        b.stop()
-
-
 async def test_global_backlog_burst_between_polls_does_not_all_land_on_the_idle_worker(
     logs: Path, pair: list[Sim]
 ) -> None:

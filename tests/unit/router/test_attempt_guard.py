@@ -332,8 +332,7 @@ async def test_a_lead_of_a_replica_in_sync_waits_for_its_peers_answers_and_yield
     that prefill ends; without every answer it goes after the bound (unanswered).  A lead of the replica whose id is
     the lowest heard does not claim, nor one of a replica without peers in sync, nor one whose worker is to prefill
     fewer chars than ``claim_min_chars``."""
-    from smg_router.attempt import Holds
-    from smg_router.policies.base import NO_PEERS
+    from smg_router.attempt import NO_PEERS, Holds
 
     worker, registry, metrics = _setup()
     url = worker.url

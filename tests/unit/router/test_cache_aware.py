@@ -62,15 +62,12 @@ def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order()
         assert b.select(wb, RouteRequest("m", text[:200] + " another question"), NOW).url == placed_a[text]
 
 
-@pytest.mark.parametrize("choices", [0, 4, 2, 1])
-def test_a_new_group_skips_first_choices_with_no_kv_room_left_for_the_best_ranked_with_room(choices: int) -> None:
-    """Placement accounts for what each worker holds: a miss goes to the best-ranked of the first
-    ``--placement-choices`` workers whose tree share can take the prompt under its KV cap (0, the default: all of
-    them; 2: the second when the first is full); with 1 it always goes to the first; where none of them has
-    room, to the first."""
+def test_a_new_group_skips_workers_with_no_kv_room_left_for_the_best_ranked_with_room() -> None:
+    """Placement accounts for what each worker holds: a miss goes to the best-ranked worker whose tree share can
+    take the prompt under its KV cap (the second when the first is full); where none has room, to the first."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
-    env = Env(tree_chars_per_token=1.0, placement_choices=choices)
+    env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
     p = env.factory.create("cache_aware", role="regular")
     p.sync(workers)
@@ -90,18 +87,21 @@ def test_a_new_group_skips_first_choices_with_no_kv_room_left_for_the_best_ranke
     third = mine[2]
     second = workers[ranks[third][1]]
     got = p.select(workers, RouteRequest("m", group(third)), NOW)
-    assert got is (home if choices == 1 else second)
+    assert got is second
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 3
     # the group stays where it went: its next request is a hit there
     assert p.select(workers, RouteRequest("m", group(third) + " a question"), NOW) is got
-    if choices == 1:
-        return
-    # the second-ranked worker is full too: the third-ranked takes it if it may be chosen, else the first keeps it
+    # the second-ranked worker is full too: the third-ranked takes it
     tree = p._trees["m"]
     tree.insert("x" * 999, second.url)
     fourth = next(i for i in mine[3:] if ranks[i][1] == ranks[third][1])
     got = p.select(workers, RouteRequest("m", group(fourth)), NOW)
-    assert got is (home if choices == 2 else workers[ranks[fourth][2]])
+    assert got is workers[ranks[fourth][2]]
+    # every worker is full: the first-ranked keeps it
+    for w in workers:
+        tree.insert(w.url * 200, w.url)
+    fifth = next(i for i in mine[4:] if i != fourth)
+    assert p.select(workers, RouteRequest("m", group(fifth)), NOW) is home
 
 
 def test_placement_depends_on_the_leading_chars_only(env: Env) -> None:
@@ -453,14 +453,11 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
 
     d = PolicySettings()
     assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_abs_threshold) == (1024, 3.0, 4)
-    assert d.placement_choices == 0
     monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
     monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
-    monkeypatch.setenv("SMG_PLACEMENT_CHOICES", "1")
     got = parse_settings([]).policy
-    assert (got.placement_prefix_chars, got.tree_chars_per_token, got.placement_choices) == (256, 1.0, 1)
+    assert (got.placement_prefix_chars, got.tree_chars_per_token) == (256, 1.0)
     for bad in (
-        ["--placement-choices", "-1"],
         ["--placement-prefix-chars", "0"],
         ["--tree-chars-per-token", "-1"],
         ["--tree-chars-per-token", "nan"],
@@ -491,60 +488,6 @@ def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> No
         lasts[session] = b.select(wb, turn(session, 5), NOW).url
     assert firsts == lasts
     assert len(set(firsts.values())) == 3  # sessions spread although they share the system prompt
-
-
-def test_one_replica_of_several_places_a_miss_by_rank_alone_as_every_other_replica_does() -> None:
-    """Room is judged from this router's tree, which sees only its share of the traffic: a router whose polls
-    show it sends under ALONE_SHARE of the fleet's backlog places every miss on the first-ranked worker (what
-    every replica computes alike), and judges room again once it sends most of the backlog."""
-    from smg_router.policies.cache_aware import ALONE_SHARE
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
-
-    env = Env(tree_chars_per_token=1.0)
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = env.factory.create("cache_aware", role="regular")
-    p.sync(workers)
-
-    def poll(backlog: int, ours: int) -> None:
-        for w in workers:
-            env.loads.record(w.id, backlog, at=NOW, inflight=ours)
-            env.loads.record_kv(w.id, 1000)
-
-    def group(i: int) -> str:
-        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
-
-    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
-    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
-    for i in mine[:2]:  # the first worker's share is full
-        assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]
-    for _ in range(20):
-        poll(4, 1)  # one of four replicas: a quarter of every worker's backlog is ours
-    share = env.loads.own_share()
-    assert share is not None and 0.2 < share < 0.3 < ALONE_SHARE
-    assert p.select(workers, RouteRequest("m", group(mine[2])), NOW) is workers[0]  # by rank, though full
-    for _ in range(30):
-        poll(4, 4)  # the other replicas left: all of the backlog is ours
-    share = env.loads.own_share()
-    assert share is not None and share > ALONE_SHARE
-    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[ranks[mine[3]][1]]
-
-
-def test_a_routers_share_of_the_backlog_follows_the_polls_and_forgets_what_left() -> None:
-    from smg_router.workers.load import LoadView
-
-    v = LoadView(max_age=5.0)
-    assert v.own_share() is None  # no poll yet
-    v.record("a", 6, at=NOW, inflight=3)
-    v.record("b", 2, at=NOW, inflight=1)
-    assert v.own_share() == pytest.approx(0.5)
-    v.record("c", 0, at=NOW, inflight=2)  # sent, not yet seen by the engine: counts as backlog
-    assert v.own_share() == pytest.approx(6 / 10)
-    v.forget("a")
-    assert v.own_share() == pytest.approx(3 / 4)
-    for _ in range(200):  # a long idle spell: the sums decay below one request's worth
-        v.record("b", 0, at=NOW, inflight=0)
-        v.record("c", 0, at=NOW, inflight=0)
-    assert v.own_share() is None
 
 
 def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog(env: Env) -> None:
@@ -579,51 +522,6 @@ def _grow(p, workers, groups: list[str], question: str = "") -> dict[str, str]:
     return placed
 
 
-def test_a_worker_that_joins_a_serving_fleet_takes_up_the_groups_rendezvous_places_on_it(env: Env) -> None:
-    """Warm-up: a newcomer holds nothing, so hits would never reach it; while it holds less than the mean
-    share, a hit whose rendezvous choice (over the fleet with it) is the newcomer goes there (branch warmup),
-    and only those: every other group stays where it is cached."""
-    workers = [make_worker(i) for i in (2, 3, 4)]
-    p = _policy(env, workers)
-    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(80)]
-    before = _grow(p, workers, groups)
-    newcomer = make_worker(5)
-    env.loads.record(newcomer.id, 0, at=NOW)
-    fleet = [*workers, newcomer]
-    p.sync(fleet)
-    _, fresh_replica, fresh_workers = _replica((2, 3, 4, 5))  # where a fleet of four places each group
-    home = _grow(fresh_replica, fresh_workers, groups)
-    moved = [g for g in groups if home[g] == newcomer.url]
-    # fewer than a third: past that the newcomer would hold the mean share before the last of them moved
-    assert 3 <= len(moved) < len(groups) // 3, len(moved)
-    after = _grow(p, fleet, groups, " next question")
-    assert {g for g in groups if after[g] == newcomer.url} == set(moved)
-    assert all(after[g] == before[g] for g in groups if g not in moved)
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == len(moved)
-    # a moved group is now held there too: its next request is a plain hit
-    assert {g for g, url in _grow(p, fleet, moved, " third").items() if url == newcomer.url} == set(moved)
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == len(moved)
-
-
-def test_no_warm_up_when_it_is_off_or_for_the_fleet_the_router_started_with() -> None:
-    groups = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
-    for settings, late in (({"warmup_seconds": 0}, True), ({}, False)):
-        env = Env(**settings)
-        workers = [make_worker(i) for i in (2, 3, 4)]
-        p = _policy(env, workers if late else [*workers, make_worker(5)])
-        fleet = [*workers, make_worker(5)]
-        env.loads.record(fleet[3].id, 0, at=NOW)
-        if late:
-            _grow(p, workers, groups)
-            p.sync(fleet)
-        else:  # the fourth was there from the start but held nothing (placement never chose it: left out)
-            _grow(p, workers, groups)
-        before = env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit")
-        _grow(p, fleet, groups, " again")
-        assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == 0
-        assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit") == before + 40
-
-
 def test_decisions_name_the_namespace_and_count_the_match_offered_against_the_match_chosen(env: Env) -> None:
     from smg_router.request import cache_namespace
 
@@ -642,24 +540,6 @@ def test_decisions_name_the_namespace_and_count_the_match_offered_against_the_ma
     p.select(workers, RouteRequest("m", text + "again"), NOW)
     assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="fleet") == 2 * len(text)
     assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="chosen") == len(text)
-
-
-def test_no_warm_up_for_workers_registered_one_by_one_before_any_traffic(env: Env) -> None:
-    """The router registers its start-up workers (and the operator its pool) one lifecycle round each: a worker
-    that joined before the tree held anything joined no serving fleet, so it does not warm up."""
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = env.factory.create("cache_aware", role="regular")
-    for n in range(1, len(workers) + 1):  # one sync per registration, as fleet.register does
-        p.sync(workers[:n])
-    for w in workers:
-        env.loads.record(w.id, 0, at=NOW)
-    prompts = [f"group {i} " + chr(65 + i % 26) * 400 for i in range(40)]
-    placed = {t: p.select(workers, RouteRequest("m", t), NOW) for t in prompts}  # plain prompts: no head
-    # the same prompts with another ending: hits, whose rendezvous choice (of the whole short text) differs
-    again = {t: p.select(workers, RouteRequest("m", t + " and another question"), NOW) for t in prompts}
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="warmup") == 0
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="hit") == 40
-    assert again == placed
 
 
 def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> None:
@@ -692,11 +572,10 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
     assert workers[0].url not in p._held
 
 
-def test_a_router_alone_puts_no_new_prompt_on_a_slot_engine_without_a_free_slot_however_idle() -> None:
-    """Alone, a miss goes where its prefill waits least: but on a slot engine whose slots all hold other prompts it
-    would evict a whole one (a third group on a two-slot llama.cpp thrashed for the rest of the run), so a slot
-    engine with a free slot takes it first, even while it prefills; a worker that is no slot engine keeps the old
-    order (the prefills, then room)."""
+def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() -> None:
+    """On a slot engine whose slots all hold other prompts a new one would evict a whole one (a third group on a
+    two-slot llama.cpp thrashed for the rest of the run): a miss goes to the best-ranked engine with a free slot,
+    whatever the others do."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
@@ -714,7 +593,7 @@ def test_a_router_alone_puts_no_new_prompt_on_a_slot_engine_without_a_free_slot_
     for i in first[:2]:
         assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]  # its two slots taken
     assert p.select(workers, RouteRequest("m", group(first[2])), NOW) is workers[1]  # full: the other one
-    workers[1].prefilling, workers[1].prefill_chars = 1, 5000  # the other one prefills; the full one is idle
+    env.loads.record(workers[1].id, 3, at=NOW)  # the other one is busier, within the gate; the full one idle
     assert p.select(workers, RouteRequest("m", group(first[3])), NOW) is workers[1]  # still: the free slot
 
 
@@ -751,179 +630,40 @@ def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has(
     assert not q._held
 
 
-def test_a_router_that_sends_the_traffic_places_a_miss_where_it_waits_least_among_the_ranked() -> None:
-    """Alone (no share known yet, or most of the backlog), a miss goes to the best-ranked worker at most ALONE_SLACK
-    busier than the least loaded of those with room: nobody else has to agree.  One of several replicas keeps the
-    first-ranked whatever the loads (within the gate), as every replica computes."""
-    from smg_router.policies.cache_aware import ALONE_SHARE, ALONE_SLACK
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
-
-    env = Env(balance_abs_threshold=100)  # the gate rules nobody out: only the slack decides
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = env.factory.create("cache_aware", role="regular")
-    p.sync(workers)
-
-    def ranks(text: str) -> list[int]:
-        return rendezvous_ranked(workers, [True] * 4, placement_key(text, 1024), 4)
-
-    def poll(loads: dict[int, int], ours: int) -> None:
-        for i, w in enumerate(workers):
-            env.loads.record(w.id, loads.get(i, 0), at=NOW, inflight=min(ours, loads.get(i, 0)))
-
-    one, two, three = "one " * 300, "two " * 300, "three " * 200
-    r = ranks(one)
-    poll({r[0]: ALONE_SLACK}, ours=100)  # within the slack of the idle ones: rank decides
-    assert p.select(workers, RouteRequest("m", one), NOW) is workers[r[0]]
-    r = ranks(two)
-    poll({r[0]: ALONE_SLACK + 3, r[1]: ALONE_SLACK + 1}, ours=100)
-    assert p.select(workers, RouteRequest("m", two), NOW) is workers[r[2]]  # the best-ranked idle one
-    for _ in range(30):  # one of four replicas: a quarter of the backlog is ours
-        poll({i: 8 for i in range(4)}, ours=2)
-    r = ranks(three)
-    poll({r[0]: ALONE_SLACK + 3}, ours=0)
-    share = env.loads.own_share()
-    assert share is not None and share < ALONE_SHARE
-    assert p.select(workers, RouteRequest("m", three), NOW) is workers[r[0]]  # by rank, though busier
-
-
-def test_a_lone_routers_miss_goes_where_its_prefill_waits_least() -> None:
-    """Engines prefill before they decode: a prompt sent to a worker still prefilling others waits for them.  A lone
-    router's miss goes to the best-ranked worker prefilling nothing it sent, else to the one with the fewest chars
-    left to prefill (as many: the one sent to longest ago, the nearer done), whatever they decode."""
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
-
-    env = Env(balance_abs_threshold=100)
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = _policy(env, workers)
-
-    def ranked(text: str) -> list[int]:
-        return rendezvous_ranked(workers, [True] * 4, placement_key(text, 1024), 4)
-
-    def prefilling(order: list[int], *queued: tuple[int, int, float]) -> None:
-        for i, (count, chars, at) in zip(order, queued, strict=True):
-            workers[i].prefilling, workers[i].prefill_chars, workers[i].sent_at = count, chars, at
-
-    text = "a new prompt " * 100
-    r = ranked(text)
-    prefilling(r, (1, 3000, 30.0), (1, 1000, 10.0), (1, 2000, 20.0), (0, 0, 0.0))  # the last-ranked prefills nothing
-    d = p.decide(workers, RouteRequest("m", text), NOW)
-    assert d.worker is workers[r[3]]
-    assert (d.branch, d.prefill, d.matched) == ("miss", len(text), 0)  # a miss: the engine prefills all of it
-    text = "another prompt " * 90
-    r = ranked(text)  # all prefill; the third-ranked has the most requests but the fewest chars (cached prefixes)
-    prefilling(r, (1, 4000, 1.0), (1, 2000, 2.0), (3, 300, 3.0), (2, 3000, 4.0))
-    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[2]]
-    text = "yet another " * 100
-    r = ranked(text)
-    prefilling(r, (1, 1000, 53.0), (1, 1000, 52.0), (1, 1000, 51.0), (1, 1000, 50.0))  # as much: the oldest
-    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[3]]
-    text = "and a fourth " * 80
-    r = ranked(text)
-    prefilling(r, *[(0, 0, 0.0)] * 4)
-    assert p.select(workers, RouteRequest("m", text), NOW) is workers[r[0]]  # nobody prefills: rank decides
-
-
-def test_a_hit_goes_to_the_holder_with_the_least_left_to_prefill_and_says_what_it_will_prefill(env: Env) -> None:
+def test_a_hit_goes_to_the_least_loaded_holder_and_says_what_it_will_prefill(env: Env) -> None:
     workers = [make_worker(i) for i in (2, 3, 4)]
     p = _policy(env, workers)
     prefix = "the manual of the machine. " * 60
     for w in workers[:2]:  # two holders (a spill made the second)
         assert p.observe("m", w.url, prefix + "first question", 0)
-    env.loads.record(workers[0].id, 1, at=NOW)
-    env.loads.record(workers[1].id, 3, at=NOW)  # busier, within the gate
-    workers[0].prefilling, workers[0].prefill_chars, workers[0].sent_at = 1, 2500, 5.0
+    env.loads.record(workers[0].id, 3, at=NOW)  # busier, within the gate
+    env.loads.record(workers[1].id, 1, at=NOW)
     text = prefix + "second question"
     d = p.decide(workers, RouteRequest("m", text), NOW)
-    assert d.worker is workers[1] and d.branch == "hit"  # waits for nothing there
+    assert d.worker is workers[1] and d.branch == "hit"
     assert d.prefill is not None and d.prefill <= len(text) - len(prefix)  # only the new question
     assert d.matched == len(text) - d.prefill >= len(prefix)
-    workers[0].prefilling = workers[0].prefill_chars = 0
-    assert p.select(workers, RouteRequest("m", prefix + "third question"), NOW) is workers[0]  # less loaded
+    env.loads.record(workers[1].id, 5, at=NOW)
+    assert p.select(workers, RouteRequest("m", prefix + "third question"), NOW) is workers[0]  # now less loaded
 
 
-def _one_of_four_replicas(workers_at: tuple[int, ...]) -> tuple[FakePeers, Any, list[Any]]:
-    """A cache_aware instance with peers (in sync), a 1000-token KV per worker (1 char a token), sending a quarter of
-    the fleet's backlog: one of four replicas."""
-    from smg_router.policies.factory import PolicyFactory
+def test_equally_loaded_holders_are_told_apart_by_rank_the_same_on_every_replica() -> None:
+    """Of two holders as loaded, the one that ranks first for the prompt's placement key: no order of arrival,
+    processed count or other local history decides, so every replica picks the same."""
+    from smg_router.policies.placement import placement_key, rendezvous_score
 
-    env = Env(tree_chars_per_token=1.0)
-    peers = FakePeers()
-    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
-    workers = [make_worker(i) for i in workers_at]
-    p = factory.create("cache_aware", role="regular")
-    p.sync(workers)
-    for _ in range(20):
-        for w in workers:
-            env.loads.record(w.id, 4, at=NOW, inflight=1)
-            env.loads.record_kv(w.id, 1000)
-    return peers, p, workers
-
-
-class FakePeers:
-    """The policy's view of its peers (``policies.base.Peers``): in sync or not, and what it was told to tell."""
-
-    def __init__(self) -> None:
-        self.synced = True
-        self.told: list[tuple[str, str, str, str, int]] = []
-
-    def tell(self, role: str, model: str, worker_url: str, text: str, head: int) -> None:
-        self.told.append((role, model, worker_url, text, head))
-
-    def in_sync(self) -> bool:
-        return self.synced
-
-
-def test_a_replica_whose_peers_are_in_sync_judges_room_from_their_routes_too() -> None:
-    """One of four replicas (a quarter of the backlog): its peers' routes (``observe``) filled the first worker's
-    share, so while the peers are in sync it places a miss on the best-ranked worker with room, as a router alone
-    would, and tells its peers where; out of sync, by rank alone again."""
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
-
-    peers, p, workers = _one_of_four_replicas((2, 3, 4, 5))
-
-    def group(i: int) -> str:
-        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # two fit in a 1000-char share, three do not
-
-    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
-    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
-    for i in mine[:2]:  # the peers sent two groups to the first worker
-        assert p.observe("m", workers[0].url, group(i), 0)
-    assert not p.observe("m", "http://127.0.0.9:8000", group(mine[0]), 0)  # a worker this router does not serve
-    assert not peers.told
-    chosen = p.select(workers, RouteRequest("m", group(mine[2])), NOW)
-    assert chosen is workers[ranks[mine[2]][1]], "placed on the full first worker"
-    assert peers.told == [("regular", "m", chosen.url, group(mine[2]), 0)]
-    assert p.select(workers, RouteRequest("m", group(mine[0]) + " next"), NOW) is workers[0]  # a peer's group: a hit
-    peers.synced = False
-    assert p.select(workers, RouteRequest("m", group(mine[3])), NOW) is workers[0]  # by rank, though full
-
-
-def test_a_lone_router_spills_where_the_prefill_waits_least_and_replicas_in_sync_by_rank() -> None:
-    """A spill is placed as a miss is: alone, away from a worker busy prefilling; in sync with peers, by rank alone
-    (every replica spills a hot prefix to the same worker, whatever its own prefills)."""
-    from smg_router.policies.factory import PolicyFactory
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
-
-    env = Env()
-    peers = FakePeers()
-    peers.synced = False
-    factory = PolicyFactory(settings=env.settings, loads=env.loads, metrics=env.metrics, peers=peers, seed=7)
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = factory.create("cache_aware", role="regular")
-    p.sync(workers)
-    text = "a hot prompt " * 80
-    holder = p.select(workers, RouteRequest("m", text), NOW)
-    for w in workers:  # the holder far over the gate, with this router's requests (it sends the traffic)
-        load = 500 if w is holder else 0
-        env.loads.record(w.id, load, at=NOW, inflight=load)
-    ok = [w is not holder for w in workers]
-    first, second = rendezvous_ranked(workers, ok, placement_key(text, 1024), 2)
-    workers[first].prefilling, workers[first].prefill_chars, workers[first].sent_at = 2, 4000, 1.0
-    assert p.select(workers, RouteRequest("m", text + " again"), NOW) is workers[second]  # alone: waits less
-    env.loads.record(workers[second].id, 500, at=NOW, inflight=500)  # it holds the prefix now: over the gate too
-    peers.synced = True
-    assert p.select(workers, RouteRequest("m", text + " and again"), NOW) is workers[first]  # in sync: by rank
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 2
+    prefix = "the manual of the machine. " * 60
+    chosen = set()
+    for order in ((0, 1), (1, 0)):
+        _, p, workers = _replica((2, 3, 4))
+        for i in order:
+            assert p.observe("m", workers[i].url, prefix + "first question", 0)
+        workers[order[0]].processed = 50
+        got = p.select(workers, RouteRequest("m", prefix + "next"), NOW)
+        key = placement_key((prefix + "next")[:1024], 1024)
+        assert got is max(workers[:2], key=lambda w: rendezvous_score(key, w.id))
+        chosen.add(got.url)
+    assert len(chosen) == 1
 
 
 def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_its_worker_held_them(env: Env) -> None:
@@ -940,7 +680,9 @@ def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_it
     d = p.route(workers, RouteRequest("m", chat + "<|assistant|>hi\n", head=len(chat)), NOW)
     assert d.prefix == chat and d.cold
     d = p.route(workers, RouteRequest("m", "hi", routing_key="session-1"), NOW)  # pinned: no placement
-    assert d.prefix is None and not d.cold and d.branch == "session" and d.prefill is None
+    assert d.prefix == "hi" and d.cold and d.branch == "session" and d.prefill == 2
+    d = p.route(workers, RouteRequest("m", "hi there", routing_key="session-1"), NOW)  # the same worker holds "hi"
+    assert d.prefix == "hi there" and d.cold and d.matched == 2 and d.prefill == len("hi there") - 2
 
 
 def test_requests_on_a_prefix_not_yet_prefilled_count_as_one_for_a_request_that_joins_them(env: Env) -> None:
@@ -964,27 +706,49 @@ def test_requests_on_a_prefix_not_yet_prefilled_count_as_one_for_a_request_that_
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="spill") == 1
 
 
-def test_a_replica_in_sync_puts_a_new_group_where_the_fewest_prompts_of_its_size_are_held() -> None:
-    """In sync with its peers, a replica places a miss among the workers with room on the one whose share holds the
-    fewest prompts of its size (rank only breaks ties): not a third document onto a worker that holds two while
-    another holds none, whatever the hash draw (the routing benchmark's long workload: 4 of 6 documents ranked first on
-    one worker)."""
-    from smg_router.policies.placement import placement_key, rendezvous_ranked
+class _ExactIndex:
+    """A second kind of cache index (as one fed by an engine's own KV events would be): exact prompts per worker."""
 
-    peers, p, workers = _one_of_four_replicas((2, 3, 4))
+    def __init__(self) -> None:
+        self.prompts: dict[str, set[str]] = {}
 
-    def doc(i: int) -> str:
-        return f"document {i:03d} " + "abcdefghij"[i % 10] * 280  # three fit in a 1000-char share
+    def match(self, text: str) -> Any:
+        from smg_router.tree import Match
 
-    ranks = {i: rendezvous_ranked(workers, [True] * 3, placement_key(doc(i), 1024), 3) for i in range(400)}
-    first = [i for i, ranked in ranks.items() if ranked[0] == 0]
-    assert p.observe("m", workers[0].url, doc(first[0]), 0)
-    assert p.observe("m", workers[0].url, doc(first[1]) + "x", 0)  # a char longer than the new one: still one
-    assert p.observe("m", workers[1].url, doc(first[2])[:-1], 0)  # a char shorter: one too
-    chosen = p.select(workers, RouteRequest("m", doc(first[3])), NOW)
-    assert chosen is workers[2], "placed by rank on the worker that holds two, with one that holds none"
-    second = next(i for i in first[4:] if ranks[i][1] == 1)  # ranks the worker holding one before the one holding one
-    assert p.select(workers, RouteRequest("m", doc(second)), NOW) is workers[1]  # now 2, 1, 1: the ranking decides
-    peers.synced = False
-    last = next(i for i in first[4:] if i != second)
-    assert p.select(workers, RouteRequest("m", doc(last)), NOW) is workers[0]  # out of sync: by rank alone
+        best, holders = 0, set()
+        for tenant, held in self.prompts.items():
+            depth = max((len(p) for p in held if text.startswith(p)), default=0)
+            if depth > best:
+                best, holders = depth, {tenant}
+            elif depth and depth == best:
+                holders.add(tenant)
+        return Match(best, frozenset(holders))
+
+    def insert(self, text: str, tenant: str) -> None:
+        self.prompts.setdefault(tenant, set()).add(text)
+
+    def tenant_size(self, tenant: str) -> int:
+        return sum(len(p) for p in self.prompts.get(tenant, ()))
+
+
+def test_a_fleet_may_mix_indexes_and_each_worker_is_matched_in_its_own(env: Env) -> None:
+    """The index seam: a worker with an index of its own (``attach_index``) is matched and recorded there, the others
+    in the tree; the deepest match over both decides, and a worker that leaves takes its index with it."""
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    own = _ExactIndex()
+    p.attach_index(workers[0].url, own)
+    doc = "the engine's own report: " + "z" * 600
+    own.insert(doc, workers[0].url)  # what its engine says it caches, never sent by this router
+    assert p.select(workers, RouteRequest("m", doc + " a question"), NOW) is workers[0]
+    assert own.prompts[workers[0].url] == {doc, doc + " a question"}  # recorded in its own index
+    assert workers[0].url not in p._trees["m"].tenants()
+    other = "a prompt of the tree: " + "w" * 600
+    placed = p.select(workers, RouteRequest("m", other), NOW)
+    again = p.select(workers, RouteRequest("m", other + " more"), NOW)
+    assert again is placed and env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 2
+    own.insert(other + " more and more", workers[0].url)  # deeper in the worker's own index: it wins
+    env.loads.record(placed.id, 0, at=NOW)
+    assert p.select(workers, RouteRequest("m", other + " more and more!"), NOW) is workers[0]
+    p.sync(workers[1:])
+    assert p.select(workers[1:], RouteRequest("m", doc + " a question"), NOW) is not workers[0]
