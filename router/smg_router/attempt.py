@@ -167,7 +167,6 @@ class AttemptGuard:
         worker.prefilling += 1
         worker.prefill_chars += prefill_chars
         worker.processed += 1
-        worker.sent_at = time.monotonic()
         self._trial = worker.breaker.acquire()
         self._publish()
 

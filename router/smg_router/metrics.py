@@ -304,7 +304,7 @@ class Metrics:
             "worker that stored the previous response), and cache-aware ones: hit (a holder of the deepest "
             "match), miss (placed by rendezvous hashing), namespace (a miss in a cache namespace: "
             "cache_salt, LoRA), spill (every holder over the load gate; placed by rendezvous among the "
-            "others), warmup (a hit sent to a warming worker that rendezvous places it on)",
+            "others)",
             ("model", "role", "branch"),
             registry=r,
         )

@@ -148,7 +148,6 @@ class Worker:
         "prefill_chars",
         "prefilling",
         "processed",
-        "sent_at",
         "spec",
         "status",
     )
@@ -168,9 +167,6 @@ class Worker:
         """The chars those still have to prefill, as the policy expected when it chose (a prompt's uncached part)."""
         self.processed = 0
         """Requests this router has sent to the worker, for tie-breaks."""
-        self.sent_at = 0.0
-        """Monotonic time this router last sent it a request: of two workers prefilling, the one sent to longer
-        ago is the nearer done."""
         self.held: dict[str, int] = {}
         """Leading chars -> how many of its requests wait before being sent, behind the first prefill of those chars
         here (``attempt.Holds``): a burst that will find them cached, one prefill, not one each."""
