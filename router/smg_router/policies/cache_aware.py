@@ -9,25 +9,28 @@ Inputs
 - each worker's load: its engine's running + waiting requests as last polled, plus what this router sent it since
   (``LoadView.effective``); for a holder, less the streamed requests on this prompt's prefix there that have not
   started their answer (they join its prefill: the engine computes it once);
+- what each worker prefills: the requests this router sent it that have not started their answer
+  (``Worker.prefilling``): engines prefill before they decode, so a new prompt waits for the prefills ahead of it;
 - the gate: a worker is over it when its load exceeds the least loaded worker's by more than
   ``balance_abs_threshold`` and is more than ``balance_rel_threshold`` times it.
 
 Branches
 1. hit: the match covers more than ``cache_threshold`` of the prompt (in a chat, at least its placement key: a
-   system prompt every conversation shares says nothing of this one).  The request goes to the least loaded holder
-   within the gate (ties: rendezvous rank).  If every holder is over the gate it is placed (2): branch ``spill``,
-   fallback ``imbalance``.  If no holder is routable it is placed: fallback ``stale_tenant``.
+   system prompt every conversation shares says nothing of this one).  The request goes to the holder within the
+   gate that prefills the fewest requests, then the least loaded, then the first by rendezvous rank.  If every
+   holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``.  If no holder is routable it
+   is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity; an engine that keeps one prompt per slot: a slot
-   free or holding this prompt's key), or all of them when none has; the one that ranks first for the prompt's
-   placement key by rendezvous hashing.  The key is the leading ``placement_prefix_chars`` of the prompt's head (a
-   chat up to its first user message, which later turns repeat; a plain prompt's text), so every replica places a
-   conversation or a document group on the same worker, and its later requests follow as hits.  A worker ruled out
-   by the gate counts fallback ``imbalance``.
+   free or holding this prompt's key), or all of them when none has; of those the ones that prefill the fewest
+   requests; the one that ranks first for the prompt's placement key by rendezvous hashing.  The key is the leading
+   ``placement_prefix_chars`` of the prompt's head (a chat up to its first user message, which later turns repeat;
+   a plain prompt's text), so every replica places a conversation or a document group on the same worker, and its
+   later requests follow as hits.  A worker ruled out by the gate counts fallback ``imbalance``.
 
 Output: a ``Decision`` (worker, branch, chars it holds, chars to prefill, placement prefix, fallback); the chosen
-worker's index records the prompt.  The decision reads only the request, the fleet, the polled loads and the
-indexes: two replicas that see the same state choose the same worker.
+worker's index records the prompt.  The decision reads only the request, the fleet, the loads (polled, and what
+this router sent since) and the indexes: two replicas that see the same state choose the same worker.
 
 A request with a session key (``policies.sticky``, before any policy's choice) goes where its key is pinned;
 ``pinned`` then records its prompt for that worker, so the index still says what each engine caches.
@@ -257,7 +260,9 @@ class CacheAwarePolicy(Policy):
             usable = [i for i in holders if gate[i]]
             if usable:
                 branch = "hit"
-                chosen = min(usable, key=lambda i: (gated[i], -rendezvous_score(key, workers[i].id)))
+                chosen = min(
+                    usable, key=lambda i: (workers[i].prefilling, gated[i], -rendezvous_score(key, workers[i].id))
+                )
             elif holders:
                 branch, fallback = "spill", "imbalance"
             else:
@@ -286,15 +291,21 @@ class CacheAwarePolicy(Policy):
         )
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
-        """Placement (module docstring, 2): the first by rendezvous rank of the workers within the gate that have
-        room for the prompt, or of every worker within the gate when none has."""
-        ranked = sorted(((rendezvous_score(key, w.id), i) for i, w in enumerate(workers) if ok[i]), reverse=True)
+        """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
+        none has), of those the ones prefilling the fewest requests, of those the first by rendezvous rank."""
         tree = self._trees[model]
-        for _, i in ranked:
-            w = workers[i]
-            if self._has_room(self._index_of(tree, w.url), w, size, key):
-                return i
-        return ranked[0][1]  # the least loaded worker is always within the gate
+        best: tuple[bool, int, int] | None = None
+        chosen = -1
+        for i, w in enumerate(workers):
+            if not ok[i]:
+                continue
+            score = rendezvous_score(key, w.id)
+            if best is not None and w.prefilling > -best[1] and best[0]:
+                continue  # one with room prefills less already: no need to ask this one for room
+            rank = (self._has_room(self._index_of(tree, w.url), w, size, key), -w.prefilling, score)
+            if best is None or rank > best:
+                best, chosen = rank, i
+        return chosen  # the least loaded worker is always within the gate
 
     def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an

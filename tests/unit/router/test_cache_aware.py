@@ -752,3 +752,32 @@ def test_a_fleet_may_mix_indexes_and_each_worker_is_matched_in_its_own(env: Env)
     assert p.select(workers, RouteRequest("m", other + " more and more!"), NOW) is workers[0]
     p.sync(workers[1:])
     assert p.select(workers[1:], RouteRequest("m", doc + " a question"), NOW) is not workers[0]
+
+
+def test_a_new_prompt_goes_where_the_fewest_prefills_are_ahead_of_it_among_those_with_room(env: Env) -> None:
+    """Engines prefill before they decode: a miss goes to the worker with room prefilling the fewest requests this
+    router sent it (however many it decodes), the first by rank of those; a hit likewise among its holders."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    workers = [make_worker(i) for i in (2, 3, 4)]
+    p = _policy(env, workers)
+    text = "a unique prompt " * 40
+    ranked = rendezvous_ranked(workers, [True] * 3, placement_key(text[:1024], 1024), 3)
+    first, second = workers[ranked[0]], workers[ranked[1]]
+    first.prefilling = 1  # busy prefilling another prompt
+    env.loads.record(second.id, 3, at=NOW)  # decoding three, within the gate: no prefill ahead
+    assert p.select(workers, RouteRequest("m", text), NOW) is second
+    first.prefilling = 0
+    other = "another prompt " * 40
+    home = workers[rendezvous_ranked(workers, [True] * 3, placement_key(other[:1024], 1024), 1)[0]]
+    assert p.select(workers, RouteRequest("m", other), NOW) is home  # none prefills: the rank decides
+    for w in workers:
+        assert p.observe("m", w.url, text, 0)  # every worker holds the first prompt
+    second.prefilling = 2
+    for w in workers:
+        if w is not second:
+            w.prefilling = 1
+    busier = next(w for w in workers if w is not second)
+    env.loads.record(busier.id, 2, at=NOW)
+    calm = next(w for w in workers if w is not second and w is not busier)
+    assert p.select(workers, RouteRequest("m", text + " next"), NOW) is calm  # fewest prefills, then least load
