@@ -292,20 +292,30 @@ class CacheAwarePolicy(Policy):
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
-        none has), of those the ones prefilling the fewest requests, of those the first by rendezvous rank."""
+        none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
+        requests, then the first by rendezvous rank."""
         tree = self._trees[model]
-        best: tuple[bool, int, int] | None = None
+        best: tuple[bool, int, int, int] | None = None
         chosen = -1
         for i, w in enumerate(workers):
-            if not ok[i]:
-                continue
-            score = rendezvous_score(key, w.id)
-            if best is not None and w.prefilling > -best[1] and best[0]:
-                continue  # one with room prefills less already: no need to ask this one for room
-            rank = (self._has_room(self._index_of(tree, w.url), w, size, key), -w.prefilling, score)
-            if best is None or rank > best:
-                best, chosen = rank, i
+            if ok[i]:
+                index = self._index_of(tree, w.url)
+                rank = (
+                    self._has_room(index, w, size, key),
+                    -self._prompts_held(index, w, size),
+                    -w.prefilling,
+                    rendezvous_score(key, w.id),
+                )
+                if best is None or rank > best:
+                    best, chosen = rank, i
         return chosen  # the least loaded worker is always within the gate
+
+    def _prompts_held(self, index: CacheIndex, worker: Worker, size: int) -> int:
+        """About how many prompts of ``size`` chars the worker's share of its index holds (a slot engine: the keys
+        in its slots): a new group goes where fewer are, so groups, and their traffic, spread evenly."""
+        if self.ctx.loads.slots(worker.id) is not None:
+            return len(self._held.get(worker.url, ()))
+        return (index.tenant_size(worker.url) + size // 2) // max(1, size)  # rounded: a prompt a char short is one
 
     def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
