@@ -269,8 +269,9 @@ def start_replicas(logs: Path, launch: Launch, *, count: int, tag: str) -> list[
         for i, port in enumerate(ports):
             name = re.sub(r"[^\w.~-]", "-", f"{tag}-r{i}-{port}")  # a log file's name (REV may hold a /)
             others = [p for p in ports if p != port]
+            env = {**launch.env(), "SMG_ROUTER_REPLICAS": str(count)}  # as the chart tells its replicas
             router = Router(
-                name=name, args=launch.argv(port, others), log_path=logs / f"{name}.log", env=launch.env(), port=port
+                name=name, args=launch.argv(port, others), log_path=logs / f"{name}.log", env=env, port=port
             )
             router.start()
             routers.append(router)

@@ -52,6 +52,11 @@ class PolicySettings:
     over the routable workers, under the load gate): every router replica places a new prefix on the same
     worker without talking to the others.  Long enough to tell conversations and prompt groups apart past a
     shared system prompt, short enough to be the same for every request of a group."""
+    index_complete: bool = True
+    """Whether this router's cache index holds what the whole fleet was sent: it is the only replica
+    (``--router-replicas 1``) or its replicas tell it their routes (peers).  Else a miss is placed by rendezvous rank
+    alone: room, prompts held and prefills judged from one replica's part of the traffic are judged differently by
+    each replica, and a group they place apart is cached twice."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
@@ -575,6 +580,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         replicas,
+        "--router-replicas",
+        1,
+        type=int,
+        help="how many replicas of this router serve the fleet (the chart sets it); with more than one and no peers, "
+        "a new prompt is placed by rendezvous rank alone, which every replica computes alike",
+    )
+    add(
+        replicas,
         "--peers-dns",
         None,
         help="HOST:PORT of a name that lists every replica (a headless Service), resolved every few seconds: each "
@@ -675,6 +688,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--balance-rel-threshold must be at least 1.0")
     if a.tree_memory_budget < 1:
         parser.error("--tree-memory-budget must be positive")
+    if a.router_replicas < 1:
+        parser.error("--router-replicas must be at least 1")
     if a.placement_prefix_chars < 1:
         parser.error("--placement-prefix-chars must be positive")
     if not 0.0 <= a.tree_chars_per_token < 1e6:  # NaN fails this too
@@ -782,6 +797,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
+            index_complete=a.router_replicas == 1 or bool(peers) or bool(a.peers_dns),
             tree_chars_per_token=a.tree_chars_per_token,
             prefill_hold_seconds=a.prefill_hold_seconds,
             prefill_claim_seconds=a.prefill_claim_seconds,

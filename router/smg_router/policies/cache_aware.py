@@ -49,7 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from smg_router.metrics import CounterSeries, Metrics
 from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest
 from smg_router.policies.index import CacheIndex, deepest
-from smg_router.policies.placement import placement_key, rendezvous_score, within_gate
+from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_score, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -293,7 +293,9 @@ class CacheAwarePolicy(Policy):
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
         none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
-        requests, then the first by rendezvous rank."""
+        requests, then the first by rendezvous rank; by rank alone when the index is not complete."""
+        if not self.ctx.settings.index_complete:
+            return rendezvous_pick(workers, ok, key)
         tree = self._trees[model]
         best: tuple[bool, int, int, int] | None = None
         chosen = -1
