@@ -585,6 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="how many replicas of this router serve the fleet (the chart sets it); with more than one and no peers, "
         "a new prompt is placed by rendezvous rank alone, which every replica computes alike",
+        why="a router started on its own is alone",
     )
     add(
         replicas,

@@ -42,8 +42,8 @@ def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order()
     """Rendezvous placement: a prefix nobody holds goes where its leading chars rank first, a function of the
     text and the fleet only, so two replicas that saw the prefixes in opposite orders agree on every one."""
     prefixes = [f"group {i}: " + chr(65 + i % 26) * 300 for i in range(60)]
-    _, a, wa = _replica()
-    _, b, wb = _replica()
+    _, a, wa = _replica(index_complete=False)  # replicas that never talk: each knows only what it sent
+    _, b, wb = _replica(index_complete=False)
     placed_a = {}
     for text in prefixes:
         w = a.select(wa, RouteRequest("m", text), NOW)
@@ -62,50 +62,35 @@ def test_replicas_place_every_new_prefix_on_the_same_worker_whatever_the_order()
         assert b.select(wb, RouteRequest("m", text[:200] + " another question"), NOW).url == placed_a[text]
 
 
-def test_a_new_group_skips_workers_with_no_kv_room_left_for_the_best_ranked_with_room() -> None:
-    """Placement accounts for what each worker holds: a miss goes to the best-ranked worker whose tree share can
-    take the prompt under its KV cap (the second when the first is full); where none has room, to the first."""
+def test_a_new_group_skips_workers_with_no_kv_room_left_whatever_they_hold() -> None:
+    """Placement accounts for what each worker's engine can cache: a miss goes to a worker whose index share can take
+    the prompt under its KV cap, before one that holds fewer prompts but has no room for this one; where none has
+    room, the other criteria decide (here: the fewest prompts held)."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = env.factory.create("cache_aware", role="regular")
-    p.sync(workers)
-    for w in workers:
-        env.loads.record(w.id, 0, at=NOW)
-        env.loads.record_kv(w.id, 1000)  # every share capped at 1000 chars
-
-    def group(i: int) -> str:
-        return f"document {i:03d} " + "abcdefghij"[i % 10] * 390  # 403 chars: two fit in 1000, three do not
-
-    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
-    assert all(sorted(r) == [0, 1, 2, 3] for r in ranks.values())
-    home = workers[0]
-    mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
-    for i in mine[:2]:  # two groups fill the first worker's share as far as a third cannot fit
-        assert p.select(workers, RouteRequest("m", group(i)), NOW) is home
-    third = mine[2]
-    second = workers[ranks[third][1]]
-    got = p.select(workers, RouteRequest("m", group(third)), NOW)
-    assert got is second
-    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 3
-    # the group stays where it went: its next request is a hit there
-    assert p.select(workers, RouteRequest("m", group(third) + " a question"), NOW) is got
-    # the second-ranked worker is full too: the third-ranked takes it
-    tree = p._trees["m"]
-    tree.insert("x" * 999, second.url)
-    fourth = next(i for i in mine[3:] if ranks[i][1] == ranks[third][1])
-    got = p.select(workers, RouteRequest("m", group(fourth)), NOW)
-    assert got is workers[ranks[fourth][2]]
-    # every worker is full: the first-ranked keeps it
-    for w in workers:
-        tree.insert(w.url * 200, w.url)
-    fifth = next(i for i in mine[4:] if i != fourth)
-    assert p.select(workers, RouteRequest("m", group(fifth)), NOW) is home
+    p = _policy(env, workers)
+    text = "document: " + "d" * 590  # 600 chars
+    first = workers[rendezvous_ranked(workers, [True] * 4, placement_key(text[:1024], 1024), 1)[0]]
+    others = [w for w in workers if w is not first]
+    env.loads.record_kv(first.id, 500)  # the first-ranked holds nothing, but this prompt does not fit its cache
+    for n, w in enumerate(others):
+        env.loads.record_kv(w.id, 100_000)
+        for k in range(n + 1):  # 1, 2 and 3 prompts of this size held: room for more
+            assert p.observe("m", w.url, f"held {n}.{k} " + "h" * 590, 0)
+    got = p.select(workers, RouteRequest("m", text), NOW)
+    assert got is others[0], "room first, then the fewest prompts held"
+    assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 1
+    assert p.select(workers, RouteRequest("m", text + " a question"), NOW) is got  # a hit where it went
+    for w in others:  # nobody has room now
+        env.loads.record_kv(w.id, 500)
+    third = p.select(workers, RouteRequest("m", "another document: " + "e" * 590), NOW)
+    assert third is first  # holds none of them
 
 
 def test_placement_depends_on_the_leading_chars_only(env: Env) -> None:
-    env = Env(placement_prefix_chars=16, cache_threshold=0.99)  # every request below is a miss
+    env = Env(placement_prefix_chars=16, cache_threshold=0.99, index_complete=False)  # every request a miss, by rank
     workers = [make_worker(i) for i in range(2, 10)]
     p = _policy(env, workers)
     head = "0123456789abcdef"
@@ -481,8 +466,8 @@ def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> No
         return RouteRequest("m", req.text, req.head)
 
     firsts, lasts = {}, {}
-    _, a, wa = _replica(cache_threshold=0.99)  # every request a miss: placement alone decides
-    _, b, wb = _replica(cache_threshold=0.99)
+    _, a, wa = _replica(cache_threshold=0.99, index_complete=False)  # every request a miss: placement by rank decides
+    _, b, wb = _replica(cache_threshold=0.99, index_complete=False)
     for session in range(30):
         firsts[session] = a.select(wa, turn(session, 1), NOW).url
         lasts[session] = b.select(wb, turn(session, 5), NOW).url
@@ -574,14 +559,12 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
 
 def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() -> None:
     """On a slot engine whose slots all hold other prompts a new one would evict a whole one (a third group on a
-    two-slot llama.cpp thrashed for the rest of the run): a miss goes to the best-ranked engine with a free slot,
-    whatever the others do."""
+    two-slot llama.cpp thrashed for the rest of the run): a miss goes to an engine with a free slot, however busy."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(i) for i in (2, 3)]
-    p = env.factory.create("cache_aware", role="regular")
-    p.sync(workers)
+    p = _policy(env, workers)
     for w in workers:
         env.loads.record_kv(w.id, 8192, slots=2)
 
@@ -590,11 +573,16 @@ def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() 
 
     ranks = {i: rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 2) for i in range(400)}
     first = [i for i, r in ranks.items() if r[0] == 0]
+    full, free = workers
     for i in first[:2]:
-        assert p.select(workers, RouteRequest("m", group(i)), NOW) is workers[0]  # its two slots taken
-    assert p.select(workers, RouteRequest("m", group(first[2])), NOW) is workers[1]  # full: the other one
-    env.loads.record(workers[1].id, 3, at=NOW)  # the other one is busier, within the gate; the full one idle
-    assert p.select(workers, RouteRequest("m", group(first[3])), NOW) is workers[1]  # still: the free slot
+        assert p.observe("m", full.url, group(i), 0)  # both its slots taken
+    assert p.observe("m", free.url, group(first[2]), 0)  # one of two
+    env.loads.record(free.id, 3, at=NOW)  # busier, within the gate, and prefilling
+    free.prefilling = 1
+    assert p.select(workers, RouteRequest("m", group(first[3])), NOW) is free
+    assert p.select(workers, RouteRequest("m", group(first[4])), NOW) is full  # both full: the fewest prefills
+    p.sync(workers[1:])
+    assert workers[0].url not in p._held
 
 
 def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has() -> None:
@@ -605,21 +593,22 @@ def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has(
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
-    workers = [make_worker(i) for i in (2, 3, 4, 5)]
-    p = env.factory.create("cache_aware", role="regular")
-    p.sync(workers)
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
 
     def group(i: int) -> str:
         return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
 
-    ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
+    ranks = {i: rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 2) for i in range(400)}
     mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
     assert p.select(workers, RouteRequest("m", group(mine[0])), NOW) is workers[0]  # slots not known yet
-    for w in workers:
-        env.loads.record_kv(w.id, 8192, slots=2)
-    assert p.select(workers, RouteRequest("m", group(mine[1])), NOW) is workers[0]
-    third = p.select(workers, RouteRequest("m", group(mine[2])), NOW)
-    assert third is workers[ranks[mine[2]][1]], "a third group onto the worker whose two slots are taken"
+    env.loads.record_kv(workers[0].id, 8192, slots=2)
+    env.loads.record_kv(workers[1].id, 8192, slots=3)
+    assert p.observe("m", workers[0].url, group(mine[1]), 0)
+    for i in mine[2:4]:
+        assert p.observe("m", workers[1].url, group(i), 0)  # as many held, a slot free
+    got = p.select(workers, RouteRequest("m", group(mine[4])), NOW)
+    assert got is workers[1], "a third group onto the worker whose two slots are taken"
     sglang = Env(tree_chars_per_token=1.0)  # engines that reported a capacity and no slots: nothing is kept
     q = sglang.factory.create("cache_aware", role="regular")
     q.sync(workers)
@@ -768,9 +757,6 @@ def test_a_new_prompt_goes_where_the_fewest_prefills_are_ahead_of_it_among_those
     env.loads.record(second.id, 3, at=NOW)  # decoding three, within the gate: no prefill ahead
     assert p.select(workers, RouteRequest("m", text), NOW) is second
     first.prefilling = 0
-    other = "another prompt " * 40
-    home = workers[rendezvous_ranked(workers, [True] * 3, placement_key(other[:1024], 1024), 1)[0]]
-    assert p.select(workers, RouteRequest("m", other), NOW) is home  # none prefills: the rank decides
     for w in workers:
         assert p.observe("m", w.url, text, 0)  # every worker holds the first prompt
     second.prefilling = 2
@@ -781,3 +767,29 @@ def test_a_new_prompt_goes_where_the_fewest_prefills_are_ahead_of_it_among_those
     env.loads.record(busier.id, 2, at=NOW)
     calm = next(w for w in workers if w is not second and w is not busier)
     assert p.select(workers, RouteRequest("m", text + " next"), NOW) is calm  # fewest prefills, then least load
+
+
+def test_a_replica_whose_index_misses_the_others_routes_places_by_rank_alone(monkeypatch) -> None:
+    """One of several replicas without peers knows only what it sent: room, prompts held and prefills judged from that
+    are judged differently by each replica, so it places a miss on the first-ranked worker within the gate, as every
+    other replica does; told the others' routes (peers), or alone, it judges them."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+    from smg_router.settings import parse_settings
+
+    assert parse_settings([]).policy.index_complete
+    assert not parse_settings(["--router-replicas", "3"]).policy.index_complete
+    assert parse_settings(["--router-replicas", "3", "--peer", "http://127.0.0.9:1"]).policy.index_complete
+    assert parse_settings(["--router-replicas", "3", "--peers-dns", "peers:1"]).policy.index_complete
+    monkeypatch.setenv("SMG_ROUTER_REPLICAS", "2")
+    assert not parse_settings([]).policy.index_complete
+    with pytest.raises(SystemExit):
+        parse_settings(["--router-replicas", "0"])
+    for complete in (True, False):
+        env = Env(tree_chars_per_token=1.0, index_complete=complete)
+        workers = [make_worker(i) for i in (2, 3, 4)]
+        p = _policy(env, workers)
+        text = "a new group " * 40
+        first = workers[rendezvous_ranked(workers, [True] * 3, placement_key(text[:1024], 1024), 1)[0]]
+        first.prefilling = 2
+        got = p.select(workers, RouteRequest("m", text), NOW)
+        assert (got is first) is not complete
