@@ -166,9 +166,9 @@ class CacheAwarePolicy(Policy):
 
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
         """A session key chose ``worker``: the engine will cache the prompt there, so the index says so."""
-        tree = self._tree(req.model)
-        held = tree.match(req.text)
-        self._index_of(tree, worker.url).insert(req.text, worker.url)
+        index = self._index_of(self._tree(req.model), worker.url)
+        held = index.match(req.text)
+        index.insert(req.text, worker.url)
         key_text = self._key_text(req.text, req.head)
         self._hold(worker.url, key_text)
         matched = held.matched_chars if worker.url in held.tenants else 0
