@@ -229,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="seconds after which the first RSS figure is taken (pools, caches and the tree are full)",
     )
-    p.add_argument("--max-tree-chars", type=int, default=100_000, help="the router's --max-tree-size")
+    p.add_argument(
+        "--tree-memory-budget", type=int, default=4 * 2**20, help="the router's --tree-memory-budget (bytes)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = p.parse_args(argv)
     sims = []
@@ -269,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 "0",
                 # every prompt is unique: a small tree budget is reached within the first
                 # minute, so RSS growth after it measures leaks, not the tree filling up
-                "--max-tree-size",
-                str(args.max_tree_chars),
+                "--tree-memory-budget",
+                str(args.tree_memory_budget),
                 "--worker-urls",
                 *(s.url for s in sims),
             ]

@@ -168,20 +168,14 @@ class RouterCore:
             self.metrics.loop_lag.observe(max(0.0, loop.time() - t0 - LOOP_LAG_INTERVAL))
 
     async def _evict_periodically(self) -> None:
-        """Tree upkeep: a round every TREE_CHECK_INTERVAL (a full cap at every eviction_interval), run in
-        slices of a few ms with a turn of the event loop between two (no request waits behind a big job)."""
-        loop = asyncio.get_running_loop()
-        interval = self.settings.policy.eviction_interval
-        next_period = loop.time() + interval
+        """Tree upkeep: a round every TREE_CHECK_INTERVAL, run in slices of a few ms with a turn of the event loop
+        between two (no request waits behind a big job)."""
         while True:
-            await asyncio.sleep(min(TREE_CHECK_INTERVAL, interval))
-            periodic = loop.time() >= next_period
-            if periodic:
-                next_period = loop.time() + interval
-            await run_tree_upkeep(self.policies, periodic=periodic)
+            await asyncio.sleep(TREE_CHECK_INTERVAL)
+            await run_tree_upkeep(self.policies)
 
 
-async def run_tree_upkeep(policies: PolicyRegistry, *, periodic: bool) -> None:
+async def run_tree_upkeep(policies: PolicyRegistry) -> None:
     """One round of upkeep of every tree, with turns of the event loop between two of its slices.
 
     Three turns, in fact: after the first, this task is at the head of the loop's ready queue, ahead of the
@@ -190,7 +184,7 @@ async def run_tree_upkeep(policies: PolicyRegistry, *, periodic: bool) -> None:
     then, one more turn away; the third lets that task run before the next slice. So what waited waits for
     one slice (~2 ms), not two (measured with two turns: a sleeping task woke every second slice).
     """
-    for _ in policies.tree_upkeep(periodic=periodic):
+    for _ in policies.tree_upkeep():
         for _turn in range(3):
             await asyncio.sleep(0)
 

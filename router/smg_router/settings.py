@@ -35,12 +35,6 @@ class PolicySettings:
     relative threshold is the one that binds)"""
     balance_rel_threshold: float = 1.5
     """... and is greater than the least load times this."""
-    eviction_interval: float = 120.0
-    """Seconds between periodic LRU evictions of the trees."""
-    max_tree_size: int = 2**26
-    """Characters a worker may hold in one tree before LRU eviction."""
-    high_water_ratio: float = 1.25
-    """Evict between periods as soon as a worker's tree passes max_tree_size times this."""
     tree_memory_budget: int = 256 * 2**20
     """Estimated bytes all the cache-aware trees of the router may hold together (every policy instance,
     every model); past it every worker of every tree is LRU-evicted by the same fraction, down to 80%.
@@ -405,22 +399,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="requests on a new prefix wait at most this long for the first one's prefill on their worker (0: off)",
         why="only a bound: a hold ends as soon as the first request's answer starts",
-    )
-    add(
-        routing,
-        "--eviction-interval",
-        pol.eviction_interval,
-        type=float,
-        help="seconds between tree evictions",
-        why="the SGLang router's default",
-    )
-    add(
-        routing,
-        "--max-tree-size",
-        pol.max_tree_size,
-        type=int,
-        help="characters per worker per tree",
-        why="2**26, the SGLang router's default",
     )
     add(
         routing,
@@ -794,8 +772,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             cache_threshold=a.cache_threshold,
             balance_abs_threshold=a.balance_abs_threshold,
             balance_rel_threshold=a.balance_rel_threshold,
-            eviction_interval=a.eviction_interval,
-            max_tree_size=a.max_tree_size,
             tree_memory_budget=a.tree_memory_budget,
             placement_prefix_chars=a.placement_prefix_chars,
             index_complete=a.router_replicas == 1 or bool(peers) or bool(a.peers_dns),

@@ -39,8 +39,8 @@ A request with a session key (``policies.sticky``, before any policy's choice) g
 
 Upkeep is off the request path: ``decide`` never evicts.  ``sync`` detaches a worker that left from its trees at
 once and retires the tree of a model that left; the router's one upkeep task (``PolicyRegistry.tree_upkeep``) then
-reclaims their nodes, caps each worker at ``max_tree_size`` chars per tree and at its engine's KV capacity
-(``tenant_cap``), and keeps every tree of the router under ``tree_memory_budget`` bytes.
+reclaims their nodes, caps each worker at its engine's KV capacity (``tenant_cap``), and keeps every tree of the
+router under ``tree_memory_budget`` bytes.
 """
 
 from __future__ import annotations
@@ -339,13 +339,12 @@ class CacheAwarePolicy(Policy):
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:
-        """Everything at once: reclaim, then cap every worker at max_tree_size and at its engine's KV capacity.
-        For tests and tools; the router runs the same work in slices (``PolicyRegistry.tree_upkeep``)."""
+        """Everything at once: reclaim, then cap every worker at its engine's KV capacity.  For tests and tools; the
+        router runs the same work in slices (``PolicyRegistry.tree_upkeep``)."""
         for _, tree in self.tree_slots():
             while tree.reclaim(1 << 62):
                 pass
         for model, tree in self._trees.items():
-            self.count_evicted(model, sum(tree.evict(self.ctx.settings.max_tree_size).values()))
             for tenant in list(tree.tenant_sizes()):
                 own = self.tenant_cap(tenant)
                 if own is not None and tree.tenant_size(tenant) > own:

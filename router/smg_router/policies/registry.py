@@ -40,11 +40,7 @@ class PolicyRegistry:
         self._retired: list[CacheAwarePolicy] = []
         """Dropped cache-aware instances whose trees upkeep has not reclaimed yet."""
         self._upkeep: Upkeep[tuple[CacheAwarePolicy, str]] = Upkeep(
-            Limits(
-                budget_bytes=settings.tree_memory_budget,
-                max_chars=settings.max_tree_size,
-                high_water_ratio=settings.high_water_ratio,
-            ),
+            Limits(budget_bytes=settings.tree_memory_budget),
             clock=time.perf_counter,
         )
 
@@ -115,12 +111,9 @@ class PolicyRegistry:
         for _, policy in self.instances():
             policy.maintain()
 
-    def tree_upkeep(self, *, periodic: bool) -> Iterator[None]:
-        """One round of upkeep of every tree (``tree.Upkeep``), yielding between slices of a few ms.
-
-        ``periodic``: the eviction_interval came round, so cap every worker at max_tree_size (between
-        periods only those past the high-water mark)."""
-        return self._upkeep.run(self._tree_slots, self._count_evicted, periodic=periodic, tenant_cap=self._tenant_cap)
+    def tree_upkeep(self) -> Iterator[None]:
+        """One round of upkeep of every tree (``tree.Upkeep``), yielding between slices of a few ms."""
+        return self._upkeep.run(self._tree_slots, self._count_evicted, tenant_cap=self._tenant_cap)
 
     def _cache_aware(self) -> list[CacheAwarePolicy]:
         live = [p for _, p in self.instances() if isinstance(p, CacheAwarePolicy)]

@@ -9,10 +9,9 @@ anything may happen to the trees between two slices, and every step re-checks wh
 A round, in order:
 
 1. reclaim: the nodes of every detached tenant, and of every tree whose trees()-caller retired it;
-2. caps: a tenant over ``max_chars`` (``periodic``) or over ``max_chars * high_water_ratio`` (between
-   periods) is LRU-evicted down to ``max_chars``; a tenant with a cap of its own (``tenant_cap``: the
-   engine's KV capacity) that is lower is evicted, every round, as soon as it is past it, down to
-   ``low_water_ratio`` of it (so a tree that follows a full engine is not trimmed by a few chars a round);
+2. caps: a tenant with a cap of its own (``tenant_cap``: its engine's KV capacity) is LRU-evicted, every round, as
+   soon as it is past it, down to ``low_water_ratio`` of it (so a tree that follows a full engine is not trimmed
+   by a few chars a round); a tenant whose engine reports no capacity is bounded by the budget alone;
 3. budget: when the trees' estimated bytes (``RadixTree.estimated_bytes``) add up to more than
    ``budget_bytes``, every tenant of every tree is LRU-evicted down to the same fraction of its chars,
    ``budget_bytes * low_water_ratio / total``, like every engine evicting its own least recently used
@@ -39,12 +38,9 @@ _BUDGET_ROUNDS = 4
 class Limits:
     budget_bytes: int
     """Estimated bytes all the trees together may hold."""
-    max_chars: int
-    """Chars one tenant may hold in one tree."""
-    high_water_ratio: float = 1.25
-    """Between periods, a tenant is capped only once past ``max_chars`` times this."""
     low_water_ratio: float = 0.8
-    """Over the budget, the trees are brought down to ``budget_bytes`` times this."""
+    """Over the budget, the trees are brought down to ``budget_bytes`` times this; a tenant past its own cap, to its
+    cap times this."""
 
 
 class Upkeep(Generic[K]):
@@ -64,15 +60,15 @@ class Upkeep(Generic[K]):
         trees: Callable[[], Sequence[tuple[K, RadixTree]]],
         evicted: Callable[[K, int], None],
         *,
-        periodic: bool,
         tenant_cap: Callable[[K, str], int | None] | None = None,
     ) -> Iterator[None]:
         """One round. ``trees()`` is asked again after every pause (trees come and go); ``evicted(key, n)``
         is told of every n chars LRU-evicted from the tree named ``key``; ``tenant_cap(key, tenant)``, a
-        tenant's own cap in chars (None: only ``max_chars``)."""
+        tenant's own cap in chars (None: none, the budget alone)."""
         self._deadline = self._clock() + self._slice
         yield from self._reclaim(trees)
-        yield from self._cap(trees, evicted, periodic=periodic, tenant_cap=tenant_cap)
+        if tenant_cap is not None:
+            yield from self._cap(trees, evicted, tenant_cap)
         yield from self._fit(trees, evicted)
 
     def _pause(self) -> Iterator[None]:
@@ -104,20 +100,13 @@ class Upkeep(Generic[K]):
         self,
         trees: Callable[[], Sequence[tuple[K, RadixTree]]],
         evicted: Callable[[K, int], None],
-        *,
-        periodic: bool,
-        tenant_cap: Callable[[K, str], int | None] | None,
+        tenant_cap: Callable[[K, str], int | None],
     ) -> Iterator[None]:
-        cap = self.limits.max_chars
-        trigger = cap if periodic else int(cap * self.limits.high_water_ratio)
         for key, tree in trees():
             for tenant in list(tree.tenant_sizes()):
-                size = tree.tenant_size(tenant)
-                own = tenant_cap(key, tenant) if tenant_cap is not None else None
-                if own is not None and own < cap and size > own:
+                own = tenant_cap(key, tenant)
+                if own is not None and tree.tenant_size(tenant) > own:
                     yield from self._evict(tree.eviction(tenant, int(own * self.limits.low_water_ratio)), key, evicted)
-                elif size > trigger:
-                    yield from self._evict(tree.eviction(tenant, cap), key, evicted)
 
     def _fit(
         self, trees: Callable[[], Sequence[tuple[K, RadixTree]]], evicted: Callable[[K, int], None]

@@ -181,9 +181,7 @@ async def test_evicting_and_removing_a_10m_char_worker_never_stalls_the_loop() -
     # 1. a round of upkeep finds the trees over the budget and evicts them down to 80% of it
     requests = Requests(core, gone=set())
     requests.start()
-    ticker = await _measured(
-        core, "evict 10 M chars down to a 16 MiB budget", lambda: run_tree_upkeep(core.policies, periodic=False)
-    )
+    ticker = await _measured(core, "evict 10 M chars down to a 16 MiB budget", lambda: run_tree_upkeep(core.policies))
     await requests.stop()
     left = {w: n for _, w, n in policy.tree_sizes()}
     print(
@@ -206,7 +204,7 @@ async def test_evicting_and_removing_a_10m_char_worker_never_stalls_the_loop() -
         print(f"\nremoval (drain, registry, detach from every tree): {(time.perf_counter() - t0) * 1000:.1f} ms")
         requests.start()
         assert big.url not in {w for _, w, _ in policy.tree_sizes()}
-        await run_tree_upkeep(core.policies, periodic=False)
+        await run_tree_upkeep(core.policies)
 
     ticker = await _measured(core, "reclaim a removed worker's 10 M chars", remove)
     await requests.stop()

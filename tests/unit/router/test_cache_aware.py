@@ -228,53 +228,29 @@ def test_missing_tree_is_created_and_counted(env: Env) -> None:
     )
 
 
-def _upkeep(reg: PolicyRegistry, *, periodic: bool) -> int:
-    """Run one upkeep round to its end, as the router's task does between its slices; returns the slices."""
-    return sum(1 for _ in reg.tree_upkeep(periodic=periodic)) + 1
-
-
-def test_high_water_mark_evicts_between_periods() -> None:
-    """The request path never evicts; the next upkeep round (every 0.5 s, not every eviction_interval)
-    brings a worker past the high-water mark back to max_tree_size."""
-    env = Env(max_tree_size=1000, high_water_ratio=1.2)
+def test_the_request_path_never_evicts_the_next_upkeep_round_caps_each_worker_at_its_engines_kv() -> None:
+    """The request path never evicts; the next upkeep round (every 0.5 s) brings a worker past its engine's KV
+    capacity back under it, and ``maintain`` (tests, tools) does the same at once."""
+    env = Env(tree_chars_per_token=1.0)
     reg = PolicyRegistry(env.factory, env.settings)
     workers = [make_worker(2)]
     reg.sync(workers)
     env.loads.record(workers[0].id, 0, at=NOW)
+    env.loads.record_kv(workers[0].id, 1000)
     p = reg.default
     for i in range(30):
         p.select(workers, RouteRequest("m", chr(65 + i) + "p" * 99), NOW)
     ((_, _, size),) = list(p.tree_sizes())
     assert size == 3000  # nothing evicted on the request path
-    _upkeep(reg, periodic=False)
+    assert sum(1 for _ in reg.tree_upkeep()) >= 0
     ((_, _, size),) = list(p.tree_sizes())
     assert size <= 1000
     assert env.sample("smg_cache_tree_evictions_total", model="m", role="regular") > 0
-
-
-def test_between_periods_only_workers_past_the_high_water_mark_are_evicted() -> None:
-    env = Env(max_tree_size=1000, high_water_ratio=1.5)
-    reg = PolicyRegistry(env.factory, env.settings)
-    workers = [make_worker(2)]
-    reg.sync(workers)
-    env.loads.record(workers[0].id, 0, at=NOW)
-    for i in range(12):  # 1200 chars: over max_tree_size, under the high-water mark (1500)
-        reg.default.select(workers, RouteRequest("m", chr(65 + i) * 100), NOW)
-    _upkeep(reg, periodic=False)
-    assert [size for *_, size in reg.default.tree_sizes()] == [1200]
-    _upkeep(reg, periodic=True)
-    assert [size for *_, size in reg.default.tree_sizes()] == [1000]
-
-
-def test_periodic_maintain_evicts_to_budget() -> None:
-    env = Env(max_tree_size=500, high_water_ratio=100.0)
-    workers = [make_worker(2)]
-    p = _policy(env, workers)
-    for i in range(20):
-        p.select(workers, RouteRequest("m", f"{i:03d}" + "p" * 97), NOW)
+    for i in range(30):
+        p.select(workers, RouteRequest("m", chr(97 + i) + "q" * 99), NOW)
     p.maintain()
     ((_, _, size),) = list(p.tree_sizes())
-    assert size <= 500
+    assert size <= 1000
 
 
 def _registry(env: Env, workers) -> PolicyRegistry:
@@ -300,7 +276,7 @@ def test_a_removed_worker_leaves_every_match_at_once_even_back_under_the_same_ur
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
     assert env.sample("smg_routing_decisions_total", model="m", role="regular", branch="miss") == 2
     assert {w for _, w, _ in reg.default.tree_sizes()} == {again.url}
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     assert reg.default.select([holder, other], RouteRequest("m", text), NOW) is again  # now a hit
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 1
@@ -317,7 +293,7 @@ def test_trees_of_a_model_that_left_are_reclaimed_by_upkeep_and_counted_until_th
     reg.sync(workers[1:])  # the model's last worker left: its tree is retired, not freed in one go
     assert not reg.default.has_tree("gone")
     assert env.sample("smg_cache_tree_bytes", model="gone", role="regular") == held
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     assert env.metrics.registry.get_sample_value("smg_cache_tree_bytes", {"model": "gone", "role": "regular"}) is None
 
@@ -334,7 +310,7 @@ def test_one_budget_covers_every_policy_instance() -> None:
             policy.select([w], RouteRequest("m", f"{i:05d} unique tail {i * 7919}"), NOW)
     total = sum(n for *_, n in reg.tree_bytes())
     assert total > budget
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     by_role = {role: n for _, role, n in reg.tree_bytes()}
     assert sum(by_role.values()) <= budget
@@ -352,7 +328,7 @@ def test_a_dropped_per_model_instance_keeps_its_trees_until_upkeep_reclaims_them
     reg.sync([])  # the worker left: the per-model instance goes, its tree is not freed in one go
     assert "b" not in reg.by_model
     assert [model for model, _, n in reg.tree_bytes() if n > 100 * 40] == ["b"]
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     assert list(reg.tree_bytes()) == []
 
@@ -421,14 +397,14 @@ def test_a_workers_tree_share_is_capped_at_its_engines_kv_capacity() -> None:
     first, second = "first prefix " * 160, "second prefix " * 150  # ~2000 chars each
     p.select(workers, RouteRequest("m", first), NOW)
     p.select(workers, RouteRequest("m", second), NOW)
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     ((_, _, size),) = list(p.tree_sizes())
     assert size <= 3000
     assert env.sample("smg_cache_tree_evictions_total", model="m", role="regular") >= 1000
     p.select(workers, RouteRequest("m", first), NOW)  # the least recent one went, as in the engine
     assert env.sample("smg_cache_tree_hits_total", model="m", role="regular") == 0
-    # no capacity reported, or the cap turned off: only max_tree_size applies
+    # no capacity reported, or the cap turned off: the memory budget alone bounds it
     assert p.tenant_cap(workers[0].url) == 3000
     assert Env(tree_chars_per_token=0).factory.create("cache_aware", role="regular").tenant_cap(workers[0].url) is None
 

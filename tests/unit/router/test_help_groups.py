@@ -92,10 +92,10 @@ def test_the_sections_come_in_order_in_the_help_each_flag_under_its_own() -> Non
 def test_the_tuning_knobs_are_the_numbers_people_tune() -> None:
     parser = build_parser()
     tuning = {a.option_strings[0] for a in _tuning(parser)}
-    assert {"--cache-threshold", "--eviction-interval", "--request-timeout", "--peers-ready-grace"} <= tuning
+    assert {"--cache-threshold", "--tree-memory-budget", "--request-timeout", "--peers-ready-grace"} <= tuning
     assert not tuning & {"--port", "--admin-port", "--policy", "--api-key", "--pd-mode", "--log-level"}
     text = parser.format_help()
-    assert "tuning: seconds between tree evictions (default: 120; the SGLang router's default)" in text
+    assert "tuning: minimum prefix match rate for a hit (default: 0.3; the SGLang router's default)" in text
     assert "(default: 30000)" in text  # a design choice shows its default, without "tuning:"
 
 
@@ -109,13 +109,13 @@ def test_a_flag_added_outside_the_sections_or_a_knob_without_its_reason_is_caugh
 
 
 def test_the_help_shows_a_value_from_the_environment_but_never_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SMG_EVICTION_INTERVAL", "60")
+    monkeypatch.setenv("SMG_CACHE_THRESHOLD", "0.5")
     monkeypatch.setenv("SMG_API_KEY", "s3cret-data")
     monkeypatch.setenv("SMG_ADMIN_API_KEY", "s3cret-admin")
     parser = build_parser()
     text = parser.format_help()
-    assert "(default: 120; the SGLang router's default) [now 60, from SMG_EVICTION_INTERVAL]" in text
+    assert "(default: 0.3; the SGLang router's default) [now 0.5, from SMG_CACHE_THRESHOLD]" in text
     assert "s3cret" not in text
-    assert parser.parse_args([]).eviction_interval == 60.0
-    monkeypatch.delenv("SMG_EVICTION_INTERVAL")
+    assert parser.parse_args([]).cache_threshold == 0.5
+    monkeypatch.delenv("SMG_CACHE_THRESHOLD")
     assert _problems(build_parser()) == []

@@ -100,7 +100,7 @@ def test_the_upkeep_caps_a_tree_share_at_the_setting() -> None:
     first, second = "first prefix " * 160, "second prefix " * 150  # ~2000 chars each
     p.select([worker], RouteRequest("m", first), NOW)
     p.select([worker], RouteRequest("m", second), NOW)
-    for _ in reg.tree_upkeep(periodic=False):
+    for _ in reg.tree_upkeep():
         pass
     ((_, _, size),) = list(p.tree_sizes())
     assert 0 < size <= 3000

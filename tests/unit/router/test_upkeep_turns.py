@@ -23,7 +23,7 @@ class _Slices:
     def __init__(self, n: int, log: list[str]) -> None:
         self.n, self.log = n, log
 
-    def tree_upkeep(self, *, periodic: bool) -> Iterator[None]:
+    def tree_upkeep(self) -> Iterator[None]:
         for _ in range(self.n):
             end = time.perf_counter() + SLICE
             while time.perf_counter() < end:
@@ -42,7 +42,7 @@ async def test_a_sleeping_task_runs_between_every_two_slices() -> None:
 
     task = asyncio.get_running_loop().create_task(ticker())
     await asyncio.sleep(SLICE)
-    await run_tree_upkeep(_Slices(50, log), periodic=False)  # type: ignore[arg-type]
+    await run_tree_upkeep(_Slices(50, log))  # type: ignore[arg-type]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
 

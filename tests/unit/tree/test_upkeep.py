@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from smg_router.tree import Limits, Match, RadixTree, Upkeep
 
 A, B, C = "worker-a", "worker-b", "worker-c"
@@ -19,9 +18,9 @@ def _fill(tree: RadixTree, tenant: str, n: int, *, seed: int = 1, length: int = 
     return texts
 
 
-def _upkeep(*, budget: int = BIG, max_chars: int = BIG, unit: int = 16) -> Upkeep[str]:
+def _upkeep(*, budget: int = BIG, unit: int = 16) -> Upkeep[str]:
     """Every pause yields (a clock that never moves, a zero slice): the most interleaving there can be."""
-    return Upkeep(Limits(budget_bytes=budget, max_chars=max_chars), clock=lambda: 0.0, slice_seconds=0.0, unit=unit)
+    return Upkeep(Limits(budget_bytes=budget), clock=lambda: 0.0, slice_seconds=0.0, unit=unit)
 
 
 def test_removed_tenant_is_reclaimed_in_bounded_steps_and_never_matched_meanwhile(check) -> None:
@@ -35,7 +34,7 @@ def test_removed_tenant_is_reclaimed_in_bounded_steps_and_never_matched_meanwhil
     slots = [("m", tree)]
     entries = [len(g) for _, g in tree._graves]
     slices = 0
-    for _ in _upkeep(unit=16).run(lambda: slots, lambda k, n: None, periodic=False):
+    for _ in _upkeep(unit=16).run(lambda: slots, lambda k, n: None):
         slices += 1
         left = sum(len(g) for _, g in tree._graves)
         assert entries[-1] - left <= 16  # one step: at most `unit` entries (a pruned node's children count too)
@@ -61,7 +60,7 @@ def test_a_tenant_back_under_the_same_name_takes_over_only_what_it_inserts_again
     assert tree.match(old[1]).tenants == frozenset()  # never credited with what its old self held
     assert tree.tenant_size(A) == 20
     check(tree)
-    for _ in _upkeep().run(lambda: [("m", tree)], lambda k, n: None, periodic=False):
+    for _ in _upkeep().run(lambda: [("m", tree)], lambda k, n: None):
         assert tree.match(old[0]) == Match(20, frozenset({A}))
         check(tree)
     assert len(tree) == 1 and tree.total_chars() == 20
@@ -77,9 +76,7 @@ def test_budget_shrinks_every_tenant_of_every_tree_by_the_same_fraction(check) -
     budget = total // 3
     evicted: dict[str, int] = {}
     upkeep = _upkeep(budget=budget, unit=64)
-    for _ in upkeep.run(
-        lambda: list(trees.items()), lambda k, n: evicted.update({k: evicted.get(k, 0) + n}), periodic=False
-    ):
+    for _ in upkeep.run(lambda: list(trees.items()), lambda k, n: evicted.update({k: evicted.get(k, 0) + n})):
         pass
     assert sum(t.estimated_bytes() for t in trees.values()) <= budget
     after = {(k, t): n for k, tree in trees.items() for t, n in tree.tenant_sizes().items()}
@@ -99,8 +96,8 @@ def test_under_budget_and_caps_nothing_is_evicted() -> None:
     calls: list[int] = []
     assert (
         list(
-            _upkeep(budget=tree.estimated_bytes(), max_chars=size).run(
-                lambda: [("m", tree)], lambda k, n: calls.append(n), periodic=True
+            _upkeep(budget=tree.estimated_bytes()).run(
+                lambda: [("m", tree)], lambda k, n: calls.append(n), tenant_cap=lambda k, t: size
             )
         )
         == []
@@ -108,15 +105,15 @@ def test_under_budget_and_caps_nothing_is_evicted() -> None:
     assert calls == [] and tree.tenant_size(A) == size
 
 
-@pytest.mark.parametrize(("periodic", "expected"), [(False, 1200), (True, 1000)])
-def test_caps_apply_at_the_high_water_mark_between_periods(periodic: bool, expected: int) -> None:
+def test_a_tenant_past_its_own_cap_goes_down_to_the_low_water_mark_and_one_without_a_cap_stays() -> None:
     tree = RadixTree()
     for i in range(12):
         tree.insert(chr(65 + i) * 100, A)
-    upkeep = Upkeep(Limits(budget_bytes=BIG, max_chars=1000, high_water_ratio=1.5), clock=lambda: 0.0)
-    for _ in upkeep.run(lambda: [("m", tree)], lambda k, n: None, periodic=periodic):
+        tree.insert(chr(97 + i) * 100, "b")
+    upkeep = Upkeep(Limits(budget_bytes=BIG, low_water_ratio=0.8), clock=lambda: 0.0)
+    for _ in upkeep.run(lambda: [("m", tree)], lambda k, n: None, tenant_cap=lambda k, t: 1000 if t == A else None):
         pass
-    assert tree.tenant_size(A) == expected
+    assert (tree.tenant_size(A), tree.tenant_size("b")) == (800, 1200)
 
 
 def test_eviction_job_meets_requests_between_its_steps(check) -> None:
@@ -163,6 +160,6 @@ def test_a_slice_ends_when_the_clock_says_so(monkeypatch) -> None:
         return real(self, budget)
 
     monkeypatch.setattr(RadixTree, "reclaim", counting)
-    upkeep = Upkeep(Limits(budget_bytes=BIG, max_chars=BIG), clock=clock, slice_seconds=0.004, unit=8)
-    slices = sum(1 for _ in upkeep.run(lambda: [("m", tree)], lambda k, n: None, periodic=False))
+    upkeep = Upkeep(Limits(budget_bytes=BIG), clock=clock, slice_seconds=0.004, unit=8)
+    slices = sum(1 for _ in upkeep.run(lambda: [("m", tree)], lambda k, n: None))
     assert 1 < slices < steps
