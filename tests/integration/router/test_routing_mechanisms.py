@@ -52,8 +52,9 @@ def test_replicas_send_a_new_prefix_to_the_same_worker_whatever_each_saw(tmp_pat
     (its tree knows none of them): B sends each to the worker that already holds it, as the engines' cached
     tokens show."""
     urls = [s.url for s in fleet]
-    a = start_router(tmp_path, workers=urls)
-    b = start_router(tmp_path, workers=urls)
+    two = ["--router-replicas", "2"]  # as the chart tells its replicas: neither knows what the other sends
+    a = start_router(tmp_path, workers=urls, args=two)
+    b = start_router(tmp_path, workers=urls, args=two)
     try:
         a.wait_routable(4)
         b.wait_routable(4)
