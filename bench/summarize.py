@@ -1,6 +1,7 @@
 """The small summary of a benchmark result that the repository keeps (``bench/summaries/``).
 
-Usage:  python bench/summarize.py proxy|routing|llamacpp RESULT.json [RESULT.json ...] > bench/summaries/KIND.json
+Usage:  python bench/summarize.py KIND RESULT.json [RESULT.json ...] > bench/summaries/NAME.json
+(KIND: proxy, routing, llamacpp or compare)
 
 A benchmark writes its whole result to ``bench/out/`` (ignored by git): every repetition, every worker's samples.
 ``docs/benchmarks.md`` quotes a few figures of the latest run; the summary keeps exactly the figures a reader needs
@@ -84,7 +85,19 @@ def routing(doc: dict[str, Any]) -> dict[str, Any]:
     return {**_run(doc), **extra, "rows": rows}
 
 
-KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing}
+COMPARE_KEYS = ("ok", "errors", "cached_share", "ttft_ms", "e2e_ms")
+
+
+def compare(doc: dict[str, Any]) -> dict[str, Any]:
+    """A before/after comparison (``bench/routing/compare.py``): per row only what it reads, so that every seed of a
+    large matrix fits."""
+    full = routing(doc)
+    for row in full["rows"]:
+        row["metrics"] = {k: v for k, v in row["metrics"].items() if k in COMPARE_KEYS}
+    return full
+
+
+KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing, "compare": compare}
 
 
 def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
