@@ -487,7 +487,12 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_peers_in_sync": min,  # in sync in every process
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms
-(their buckets, counts and sums) are added."""
+(their buckets, counts and sums) are added, but for ``COUNTER_MERGE``'s."""
+COUNTER_MERGE: dict[str, Callable[[float, float], float]] = {
+    "smg_worker_lifecycle_events_total": max,  # the parent applies each change to every process: one event
+    "smg_peer_records_received_total": max,  # every process applies each batch a peer sent the pod
+}
+"""The counters whose every increment happens in every process at once (the pod's figure is one process's)."""
 
 
 def merge_expositions(texts: Sequence[bytes]) -> bytes:
@@ -512,7 +517,7 @@ def merge_expositions(texts: Sequence[bytes]) -> bytes:
                 head, family, _ = families.get(name) or ([], {}, None)
                 if len(head) < 2:
                     head.append(line)
-                merge = GAUGE_MERGE.get(name, max) if kind == "gauge" else None
+                merge = GAUGE_MERGE.get(name, max) if kind == "gauge" else COUNTER_MERGE.get(name)
                 families[name] = (head, family, merge)
             elif line and not line.startswith("#") and family is not None:
                 key, _, raw = line.rpartition(" ")

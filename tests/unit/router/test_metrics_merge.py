@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smg_router.metrics import GAUGE_MERGE, Metrics, merge_expositions
+from smg_router.metrics import COUNTER_MERGE, GAUGE_MERGE, Metrics, merge_expositions
 from support.procs import metric_value
 
 
@@ -15,6 +15,7 @@ def _process(requests: int, inflight: float, healthy: float, lag: float, *, extr
     m.worker_backend_load.labels("http://w", "regular").set(7)
     m.loop_lag.observe(lag)
     m.add_backlog_share_source(lambda: 0.25)
+    m.lifecycle_events.labels("added", "regular").inc()  # the parent applied one change to each process
     if extra:
         m.requests.labels("/v1/completions", "m", "503").inc()
     return m
@@ -38,6 +39,7 @@ def test_counters_and_histograms_add_up_and_each_gauge_merges_by_its_rule() -> N
     assert metric_value(merged, "smg_worker_healthy") == 0  # healthy only when healthy in every process
     assert metric_value(merged, "smg_worker_backend_load") == 7  # the same engine's figure, not twice it
     assert metric_value(merged, "smg_router_backlog_share") == 0.5
+    assert metric_value(merged, "smg_worker_lifecycle_events_total", event="added") == 1  # one change, not two
     assert merged.count("# TYPE smg_requests_total counter") == 1
     names = [line.split()[2] for line in merged.splitlines() if line.startswith("# TYPE")]
     assert names == [line.split()[2] for line in a.exposition().decode().splitlines() if line.startswith("# TYPE")]
@@ -54,3 +56,8 @@ def test_every_gauge_of_the_router_has_a_merge_rule() -> None:
     m.add_peers_in_sync_source(lambda: 1.0)
     gauges = {line.split()[2] for line in m.exposition().decode().splitlines() if line.endswith(" gauge")}
     assert gauges == set(GAUGE_MERGE)
+
+
+def test_the_counters_merged_otherwise_are_the_router_s() -> None:
+    counters = {line.split()[2] for line in Metrics().exposition().decode().splitlines() if line.endswith(" counter")}
+    assert set(COUNTER_MERGE) <= counters
