@@ -13,6 +13,10 @@ With ``--admin-port`` one server listens on two ports (``__main__`` opens both):
 answer only on the admin port, which serves nothing but the lifecycle API; the lifecycle reads on both, so a
 NetworkPolicy can guard the admin port alone.  From SIGTERM on every answer says ``Connection: close``
 (``Server.closing``).
+
+A child of ``--processes`` (``pod``) hands its data port's lifecycle API and ``/metrics`` to its parent (``Parent``),
+which answers them for the whole pod, and serves every route for itself alone on a private socket
+(``build_private_server``); with one process nothing of this exists.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class Dispatcher:
             if self._admin_port:
                 self._split(request, handler)
             if "Expect" in request.headers and request.version >= (1, 1):
-                expect_continue(request)
+                _continue(request)
             return await handler(request)
         except RouterError as e:
             if e.status >= 500:
@@ -140,7 +144,7 @@ class Dispatcher:
             )
 
 
-def expect_continue(request: Request) -> None:
+def _continue(request: Request) -> None:
     """``Expect: 100-continue`` (curl sends it for bodies over 1 KiB): the go-ahead before the body is read."""
     expect = request.headers["Expect"]
     if expect.lower() != "100-continue":
