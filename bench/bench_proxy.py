@@ -12,7 +12,9 @@ Usage (from the repository root, with the project's venv):
     costs a fleet of replicas that tell each other their routes, the sending and the receiving; smg:<policy>~NAME
     runs it with the flags of ``--variant NAME="FLAGS"``, e.g. ``--variant nocap="--tree-chars-per-token 0"``;
     smg%PY:<policy> runs it on the interpreter of ``--python PY=PATH``, e.g. an optimized build of CPython beside
-    this machine's, the router's code still the working tree's or REV's)
+    this machine's, the router's code still the working tree's or REV's; smg:<policy>*N runs it with ``--processes N``,
+    every other smg target with one process, and ``--router-cores 0,1`` lets the routers and workers use both cores
+    of a 2-core machine, wrk's core too)
 
 The method (docs/benchmarks.md): two smg-sim workers with no simulated
 GPU time (``--time-scale 0.0001``, 2-4 tokens: the proxy dominates) and every router under test run on core 1,
@@ -186,11 +188,12 @@ def router_argv(
     """The target's command line: its defaults, plus only where to listen, which workers to use (and its peer, and
     the flags of its ``--variant``)."""
     kind, _, policy = target.partition(":")
-    policy = policy.partition("~")[0].removesuffix("+peer")
+    policy, _, processes = policy.partition("~")[0].removesuffix("+peer").partition("*")
     if kind.startswith("smg"):
         return [
             *(python, "-m", "smg_router", "--host", "127.0.0.1", "--port", str(port)),
             *("--policy", policy, "--log-level", "warning", "--worker-urls", *workers),
+            *(("--processes", processes) if processes else ()),
             *(("--peer", f"http://127.0.0.1:{peer}") if peer else ()),
             *extra,
         ]
@@ -235,10 +238,10 @@ def start_router(
     python: str = sys.executable,
 ) -> Router:
     port = port or free_port("127.0.0.1")
-    env = {}
+    env = {"SMG_PROCESSES": "1"} if target.startswith("smg") else {}  # one process unless the target says *N
     if target.startswith("smg") and pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])])
-    name = f"{re.sub(r'[:+%]', '-', target)}-{port}"
+    name = f"{re.sub(r'[:+%*]', '-', target)}-{port}"
     args = router_argv(target, port, workers, rust_bin, peer, extra, python, vllm_bin)
     router = Router(name=name, args=args, log_path=logs / f"{name}.log", env=env, port=port)
     router.start()
@@ -399,7 +402,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--targets",
         default=DEFAULT_TARGETS,
         help="comma-separated: direct, smg:<policy>, smg@REV:<policy> (smg-router as of git REV), smg%%PY:<policy> "
-        "(on --python PY's interpreter), rust:<policy>, vllm:<policy> (vLLM's router)",
+        "(on --python PY's interpreter), smg:<policy>*N (--processes N), rust:<policy>, vllm:<policy> (vLLM's router)",
+    )
+    p.add_argument(
+        "--router-cores",
+        default=str(SUT_CORE),
+        help=f"comma-separated cores the routers and workers run on (default: {SUT_CORE}; wrk runs on {LOAD_CORE})",
     )
     p.add_argument("--endpoints", default="generate,chat")
     p.add_argument("--streams", default="0,1", help="0: whole answers, 1: SSE streams")
@@ -444,15 +452,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not shutil.which("wrk"):
-        sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t != "direct" and not re.fullmatch(r"smg(@[\w./~^-]+)?(%\w+)?:\w+(\+peer)?(~\w+)?|(rust|vllm):\w+", t):
+        if t != "direct" and not re.fullmatch(
+            r"smg(@[\w./~^-]+)?(%\w+)?:[a-z_]+(\*[0-9]+)?(\+peer)?(~\w+)?|(rust|vllm):\w+", t
+        ):
             sys.exit(
-                f"bench_proxy: target {t!r}: expected direct, smg[@REV][%PY]:<policy>[+peer][~NAME], rust:<policy> "
+                f"bench_proxy: target {t!r}: expected direct, smg[@REV][%PY]:<policy>[*N][+peer][~NAME], rust:<policy> "
                 "or vllm:<policy>"
             )
+    if not shutil.which("wrk"):
+        sys.exit("bench_proxy: needs `wrk` (Debian package wrk; scripts/install-test-tools.sh installs it)")
     variants = {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in args.variant)}
     pythons = {name: path for name, _, path in (v.partition("=") for v in args.python)}
     for t in targets:
@@ -474,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in args.endpoints.split(",")
         for s in args.streams.split(",")
     ]
+    cores = {int(c) for c in args.router_cores.split(",") if c}
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     head, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "router"))
@@ -482,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[tuple[str, Cell], Measured] = {}
     procs: list[Proc] = []
     try:
-        os.sched_setaffinity(0, {SUT_CORE})  # what this process starts inherits the core under test
+        os.sched_setaffinity(0, cores)  # what this process starts inherits the cores under test
         sims = start_sims(logs, 2)
         procs += sims
         routers: dict[str, list[Router]] = {"direct": []} if "direct" in targets else {}
@@ -564,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_tokens": MAX_TOKENS,
                 "rust_bin": args.rust_bin,
                 "vllm_bin": args.vllm_bin,
-                "cores": {"wrk": LOAD_CORE, "routers_and_workers": SUT_CORE},
+                "cores": {"wrk": LOAD_CORE, "routers_and_workers": sorted(cores)},
             },
             "skipped": skipped,
             "cells": [

@@ -1,6 +1,7 @@
 """Suite-wide setup and hygiene.
 
 - Every test talks to loopback only, so no HTTP proxy from the environment may apply.
+- Every router is one process (``SMG_PROCESSES=1``) unless its test asks for more.
 - A test fails (as an error at teardown) when it leaks an asyncio task of any name: a task still
   pending after the test and its fixtures have finished (support/leaks.py).
 - Unit tests get a short timeout (UNIT_TIMEOUT_S) unless they carry their own ``timeout`` marker;
@@ -20,6 +21,9 @@ from support.leaks import describe, leaked_tasks, settle
 for _name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
     os.environ.pop(_name, None)
 os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.0/8,localhost"
+# Every router the suite starts is one process whatever the CPU limit of the container the suite runs in (its default,
+# docs/architecture.md "Processes"); the tests of --processes say how many they want.
+os.environ["SMG_PROCESSES"] = "1"
 
 pytest_plugins = ["pytester"]  # tests/unit/suite runs this conftest's checks on deliberately bad tests
 

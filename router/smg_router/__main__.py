@@ -20,29 +20,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from smg_router.app import running
+from smg_router.app import build_private_server, child_socket, running
 from smg_router.core import RouterCore
+from smg_router.pod import supervise
+from smg_router.server import Server
 from smg_router.settings import Settings, parse_settings
 
 log = logging.getLogger("smg_router")
 GC_YOUNG_THRESHOLD = 10_000
 """Allocations between two young collections (CPython's default: 700); the older generations keep theirs."""
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when its parent dies."""
 STREAM_END_GRACE = 2.0
 """Seconds the streams ended at the shutdown deadline get to write their last events."""
 
 
 async def serve(settings: Settings) -> None:
-    s = settings.server
+    s, p = settings.server, settings.process
     async with running(settings, shutdown_timeout=STREAM_END_GRACE) as (core, server):
-        listeners = [await server.listen(s.host, s.port, backlog=1024)]
-        if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
-            listeners.append(await server.listen(s.host, s.admin_port))
+        private: Server | None = None
+        if p.index is not None and p.dir:  # a child of --processes: the port shared, the admin port the parent's
+            listeners = [await server.listen(s.host, s.port, backlog=1024, reuse_port=True)]
+            private = build_private_server(core)
+            await private.listen_unix(os.path.join(p.dir, child_socket(p.index)))
+        else:
+            listeners = [await server.listen(s.host, s.port, backlog=1024)]
+            if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
+                listeners.append(await server.listen(s.host, s.admin_port))
         gc.freeze()  # start-up's objects leave the collector's walks (module docstring)
         log.info(
             "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
@@ -58,6 +70,8 @@ async def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await _drain(core, listeners, settings)
+        if private is not None:
+            await private.shutdown(STREAM_END_GRACE)
 
 
 async def _drain(core: RouterCore, listeners: list[asyncio.Server], settings: Settings) -> None:
@@ -82,12 +96,22 @@ async def _drain(core: RouterCore, listeners: list[asyncio.Server], settings: Se
     log.info("shut down (%d request(s) left)", len(admission))
 
 
+def _die_with_parent() -> None:
+    """A child of ``--processes`` gets SIGTERM (and drains) when its parent dies, however it died (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = parse_settings(argv)
+    index = settings.process.index
     logging.basicConfig(
         level=settings.server.log_level.upper(),
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if index is None
+        else f"%(asctime)s %(levelname)s %(name)s [process {index}]: %(message)s",
     )
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
@@ -97,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner = asyncio.run
     else:
         runner = uvloop.run
+    if settings.process.parent:  # --processes N: the children serve, this one supervises them (``pod``)
+        status = 1
+        with contextlib.suppress(KeyboardInterrupt):
+            status = runner(supervise(settings, sys.argv[1:] if argv is None else argv))
+        sys.exit(status)
+    if index is not None:
+        _die_with_parent()
     with contextlib.suppress(KeyboardInterrupt):
         runner(serve(settings))
 

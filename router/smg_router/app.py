@@ -13,19 +13,28 @@ With ``--admin-port`` one server listens on two ports (``__main__`` opens both):
 answer only on the admin port, which serves nothing but the lifecycle API; the lifecycle reads on both, so a
 NetworkPolicy can guard the admin port alone.  From SIGTERM on every answer says ``Connection: close``
 (``Server.closing``).
+
+A child of ``--processes`` (``pod``) hands its data port's lifecycle API and ``/metrics`` to its parent (``Parent``),
+which answers them for the whole pod, and serves every route for itself alone on a private socket
+(``build_private_server``); with one process nothing of this exists.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import quote
+
+import aiohttp
 
 from smg_router import admin, handlers
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import NotFound, RouterError, error_response
+from smg_router.http_io import read_body
 from smg_router.server import Server
 from smg_router.settings import Settings
 from smg_router.wire import Response
@@ -49,21 +58,34 @@ def routes() -> list[Route]:
 class Dispatcher:
     """The one request handler of the server (see the module docstring)."""
 
-    def __init__(self, core: RouterCore, table: Iterable[Route]) -> None:
+    def __init__(
+        self,
+        core: RouterCore,
+        table: Iterable[Route],
+        *,
+        replace: Mapping[Handler, Handler] | None = None,
+        admin_port: int | None = None,
+    ) -> None:
+        """``replace``: handlers served by others (a child of ``--processes`` hands the lifecycle API and ``/metrics``
+        to its parent); ``admin_port``: the port of the admin split, when not the settings' (0: no split)."""
+        swap = replace or {}
         self._exact: dict[str, dict[str, Handler]] = {}
         self._templated: dict[str, tuple[str, dict[str, Handler]]] = {}
         """prefix (``/workers/``) -> (parameter name, method -> handler): a path below it names one item."""
         for route in table:
+            handler = swap.get(route.handler, route.handler)
             prefix, brace, rest = route.path.partition("{")
             if brace:
                 name = rest.rstrip("}")
-                self._templated.setdefault(prefix, (name, {}))[1][route.method] = route.handler
+                self._templated.setdefault(prefix, (name, {}))[1][route.method] = handler
             else:
-                self._exact.setdefault(route.path, {})[route.method] = route.handler
+                self._exact.setdefault(route.path, {})[route.method] = handler
         self._core = core
         s = core.settings.server
-        self._admin_port, self._data_port = s.admin_port, s.port
-        self._mutations, self._lifecycle = admin.MUTATIONS, admin.MUTATIONS | admin.READS
+        self._admin_port = s.admin_port if admin_port is None else admin_port
+        self._data_port = s.port
+        mutations = frozenset(swap.get(h, h) for h in admin.MUTATIONS)
+        self._mutations, self._lifecycle = mutations, mutations | {swap.get(h, h) for h in admin.READS}
 
     def _resolve(self, path: str) -> tuple[dict[str, Handler] | None, dict[str, str]]:
         methods = self._exact.get(path)
@@ -130,11 +152,60 @@ def _continue(request: Request) -> None:
     request.send_continue()
 
 
-def build_server(core: RouterCore) -> Server:
-    """The server over the dispatcher; every request a ``core.Request`` (the dispatcher gives it the core).  A
-    client that goes away cancels its handler, which aborts the upstream request."""
+POD_SOCKET = "pod.sock"
+"""The parent's private socket in ``--processes-dir`` (``pod``), which the children hand the pod's calls to."""
+
+
+def child_socket(index: int) -> str:
+    """The private socket of child ``index`` in ``--processes-dir``: its own lifecycle API, metrics and probes."""
+    return f"child-{index}.sock"
+
+
+class Parent:
+    """A child's way to its parent (``--processes``): on the data port the lifecycle API and ``/metrics`` are the
+    pod's, answered by the parent, which applies a change to every process and merges their metrics (``pod``)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._session: aiohttp.ClientSession | None = None
+
+    async def forward(self, request: Request) -> Response:
+        """The request as the parent answers it (its body read here first, up to the peers' batch limit)."""
+        body = await read_body(request, admin.PEER_BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self._path), timeout=aiohttp.ClientTimeout(total=None)
+            )
+        headers = {k: v for k in ("Authorization", "Content-Type") if (v := request.headers.get(k)) is not None}
+        target = "http://pod" + quote(request.path) + (f"?{request.query_string}" if request.query_string else "")
+        try:
+            async with self._session.request(request.method, target, data=body, headers=headers) as answer:
+                raw = await answer.read()
+                kept = {k: v for k in ("Content-Type", "Allow") if (v := answer.headers.get(k)) is not None}
+                return Response(status=answer.status, body=raw, headers=kept)
+        except aiohttp.ClientError as e:
+            raise RouterError(
+                f"the router's parent process did not answer ({e.__class__.__name__}: {e})",
+                code="parent_unavailable",
+                status=503,
+            ) from None
+
+    def handler(self) -> Handler:
+        """A new handler that forwards (one per handler it replaces: the dispatcher tells them apart)."""
+
+        async def forwarded(request: Request) -> Response:
+            return await self.forward(request)
+
+        return forwarded
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _server(core: RouterCore, dispatcher: Dispatcher) -> Server:
     return Server(
-        Dispatcher(core, routes()),
+        dispatcher,
         make_request=Request,
         max_body=core.settings.server.max_payload_size,
         body_timeout=core.settings.server.body_timeout,
@@ -142,15 +213,36 @@ def build_server(core: RouterCore) -> Server:
     )
 
 
+def build_server(core: RouterCore, parent: Parent | None = None) -> Server:
+    """The server over the dispatcher; every request a ``core.Request`` (the dispatcher gives it the core).  A
+    client that goes away cancels its handler, which aborts the upstream request.  ``parent``: a child of
+    ``--processes``, whose lifecycle API and ``/metrics`` the parent answers for the whole pod."""
+    if parent is None:
+        return _server(core, Dispatcher(core, routes()))
+    pod: dict[Handler, Handler] = {h: parent.handler() for h in (*admin.MUTATIONS, *admin.READS, handlers.metrics)}
+    return _server(core, Dispatcher(core, routes(), replace=pod))
+
+
+def build_private_server(core: RouterCore) -> Server:
+    """A child's own endpoint (its private socket): every route answered by this process alone, no admin split (the
+    parent applies each lifecycle change here, reads this process's ``/metrics``)."""
+    return _server(core, Dispatcher(core, routes(), admin_port=0))
+
+
 @asynccontextmanager
 async def running(settings: Settings, *, shutdown_timeout: float = 60.0) -> AsyncIterator[tuple[RouterCore, Server]]:
     """The core started and its server made (the caller opens the ports: ``Server.listen``); both stopped on
-    exit, the server first (``shutdown_timeout``: how long its connections get to finish), then the core."""
+    exit, the server first (``shutdown_timeout``: how long its connections get to finish), then the core.  A child of
+    ``--processes`` (``settings.process.child``) hands the pod's calls to its parent's socket."""
     core = RouterCore(settings)
-    server = build_server(core)
+    p = settings.process
+    parent = Parent(os.path.join(p.dir, POD_SOCKET)) if p.child and p.dir else None
+    server = build_server(core, parent)
     await core.start()
     try:
         yield core, server
     finally:
         await server.shutdown(shutdown_timeout)
+        if parent is not None:
+            await parent.close()
         await core.stop()

@@ -463,3 +463,58 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
+    "smg_worker_inflight": lambda a, b: a + b,  # the pod's requests in flight to the worker
+    "smg_worker_backend_load": max,  # every process polls the same engine: its last figure
+    "smg_worker_kv_capacity_tokens": max,  # likewise
+    "smg_worker_healthy": min,  # healthy in every process
+    "smg_cache_tree_size_chars": max,  # each process's tree holds its own requests' prompts: the fullest
+    "smg_cache_tree_bytes": lambda a, b: a + b,  # the pod's memory
+    "smg_router_backlog_share": lambda a, b: a + b,  # the pod's share of the fleet's backlog
+    "smg_peers_in_sync": min,  # in sync in every process
+}
+"""How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms
+(their buckets, counts and sums) are added, but for ``COUNTER_MERGE``'s."""
+COUNTER_MERGE: dict[str, Callable[[float, float], float]] = {
+    "smg_worker_lifecycle_events_total": max,  # the parent applies each change to every process: one event
+    "smg_peer_records_received_total": max,  # every process applies each batch a peer sent the pod
+}
+"""The counters whose every increment happens in every process at once (the pod's figure is one process's)."""
+
+
+def merge_expositions(texts: Sequence[bytes]) -> bytes:
+    """One exposition for the pod: every process's (``Metrics.exposition``, the same families in the same order) with
+    the series of the same name and labels combined (``GAUGE_MERGE``).  A series is named by its line's text before
+    the value, which every process writes alike (labels in the family's order), so nothing is parsed but the value;
+    the families and series keep their order (a series only a later process has goes after the others of its
+    family).  One exposition comes out byte for byte as it went in."""
+    families: dict[str, tuple[list[str], dict[str, float], Callable[[float, float], float] | None]] = {}
+    for text in texts:
+        family: dict[str, float] | None = None
+        merge: Callable[[float, float], float] | None = None
+        for line in text.decode().splitlines():
+            if line.startswith("# HELP "):
+                name = line.split(" ", 3)[2]
+                entry = families.get(name)
+                if entry is None:
+                    entry = families[name] = ([line], {}, None)
+                family = entry[1]
+            elif line.startswith("# TYPE "):
+                name, kind = line.split(" ")[2:4]
+                head, family, _ = families.get(name) or ([], {}, None)
+                if len(head) < 2:
+                    head.append(line)
+                merge = GAUGE_MERGE.get(name, max) if kind == "gauge" else COUNTER_MERGE.get(name)
+                families[name] = (head, family, merge)
+            elif line and not line.startswith("#") and family is not None:
+                key, _, raw = line.rpartition(" ")
+                value = float(raw)
+                old = family.get(key)
+                family[key] = value if old is None else merge(old, value) if merge is not None else old + value
+    out: list[str] = []
+    for head, series, _ in families.values():
+        out += head
+        out += [f"{key} {floatToGoString(value)}" for key, value in series.items()]  # type: ignore[no-untyped-call]
+    return ("\n".join(out) + "\n").encode() if out else b""

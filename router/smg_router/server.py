@@ -371,11 +371,21 @@ class Server:
         self._sweeper: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
 
-    async def listen(self, host: str, port: int, *, backlog: int = 1024, reuse_address: bool = True) -> asyncio.Server:
-        """Accept connections on host:port; ``close()`` the listener returned to stop accepting there."""
+    async def listen(
+        self, host: str, port: int, *, backlog: int = 1024, reuse_address: bool = True, reuse_port: bool = False
+    ) -> asyncio.Server:
+        """Accept connections on host:port; ``close()`` the listener returned to stop accepting there.
+        ``reuse_port``: SO_REUSEPORT, the kernel spreads the port's connections over every process listening on it."""
         listener = await self.loop.create_server(
-            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=reuse_address
+            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=reuse_address, reuse_port=reuse_port
         )
+        return self._listening(listener)
+
+    async def listen_unix(self, path: str) -> asyncio.Server:
+        """Accept connections on a unix socket (the private endpoints of ``--processes``; ``local_port`` None)."""
+        return self._listening(await self.loop.create_unix_server(lambda: _Connection(self), path))
+
+    def _listening(self, listener: asyncio.Server) -> asyncio.Server:
         self._listeners.append(listener)
         if self._sweeper is None:
             self._sweeper = self.loop.create_task(self._sweep(), name="smg-http-keepalive")

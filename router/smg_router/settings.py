@@ -48,9 +48,9 @@ class PolicySettings:
     shared system prompt, short enough to be the same for every request of a group."""
     index_complete: bool = True
     """Whether this router's cache index holds what the whole fleet was sent: it is the only replica
-    (``--router-replicas 1``) or its replicas tell it their routes (peers).  Else a miss is placed by rendezvous rank
-    alone: room, prompts held and prefills judged from one replica's part of the traffic are judged differently by
-    each replica, and a group they place apart is cached twice."""
+    (``--router-replicas 1``, one process) or its replicas tell it their routes (peers).  Else a miss is placed by
+    rendezvous rank alone: room, prompts held and prefills judged from one replica's part of the traffic are judged
+    differently by each replica, and a group they place apart is cached twice."""
     tree_chars_per_token: float = 3.0
     """A worker's share of a tree is capped at its engine's KV capacity in tokens (``max_total_num_tokens``
     from ``/v1/loads`` or ``/metrics``) times this, so the router forgets a prefix about when the engine
@@ -238,9 +238,59 @@ class PDSettings:
     decode: tuple[str, ...] = ()
 
 
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2: the container's CPU limit, ``QUOTA PERIOD`` in microseconds (``max PERIOD``: none)."""
+
+
+def cpu_limit(cpu_max: str) -> int | None:
+    """Cores a cgroup v2 ``cpu.max`` allows, rounded up (``150000 100000``: 2); None without a limit (``max``) or
+    for a text that is no limit."""
+    parts = cpu_max.split()
+    if len(parts) not in (1, 2) or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1]) if len(parts) == 2 else 100_000
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, -(-quota // period))
+
+
+def default_processes(path: str = CPU_MAX) -> int:
+    """The container's CPU limit in whole cores (``cpu_limit``), 1 without one or outside a container."""
+    try:
+        with open(path) as f:
+            limit = cpu_limit(f.read())
+    except OSError:
+        return 1
+    return limit or 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessSettings:
+    """Serving processes on the one data port (``pod``): the parent supervises ``count`` children."""
+
+    count: int = 1
+    """Serving processes; 1: this process serves, as it always did (no parent, no child)."""
+    dir: str | None = None
+    """Where the parent and its children keep their private sockets; None: a new temporary directory."""
+    index: int | None = None
+    """Set in a child only: its number, 0 to count - 1 (the parent is the one with count > 1 and no index)."""
+
+    @property
+    def child(self) -> bool:
+        return self.index is not None
+
+    @property
+    def parent(self) -> bool:
+        return self.count > 1 and self.index is None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
+    process: ProcessSettings = field(default_factory=ProcessSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     load: LoadSettings = field(default_factory=LoadSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
@@ -274,7 +324,7 @@ def _env(name: str, default: object) -> object:
     return default if raw is None else raw
 
 
-DESIGN_NUMBERS = frozenset({"--port", "--admin-port"})
+DESIGN_NUMBERS = frozenset({"--port", "--admin-port", "--process-index"})
 """The numeric flags that are no tuning knob.  Every other flag of type int or float is one: its help starts with
 ``tuning:`` and its default is followed by the reason for it: ``(default: VALUE; REASON)``, from
 ``add(..., why=...)``."""
@@ -334,6 +384,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=_entries(_env("model-alias", "")),
         help="a model name clients may use for a served model; repeatable (SMG_MODEL_ALIAS: comma separated)",
     )
+    add(
+        serving,
+        "--processes",
+        default_processes(),
+        type=int,
+        help="serving processes on --port (SO_REUSEPORT), supervised by a parent that serves --admin-port and applies "
+        "every lifecycle change to each of them; each keeps its own cache-aware trees",
+        why="the container's CPU limit (cgroup v2 cpu.max, rounded up), 1 without one: a process uses one core",
+    )
+    add(
+        serving,
+        "--processes-dir",
+        None,
+        help="with --processes above 1: the directory of the processes' private sockets (child-N.sock, one "
+        "process's own view: curl --unix-socket DIR/child-0.sock http://x/metrics) (default: a new temporary one)",
+    )
+    serving.add_argument("--process-index", type=int, default=None, help=argparse.SUPPRESS)  # set by the parent
     add(
         serving,
         "--api-key",
@@ -692,6 +759,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         )
     if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
         parser.error("--admin-port must be a port number other than --port (or 0)")
+    if not 1 <= a.processes <= 256:
+        parser.error("--processes must be from 1 to 256")
+    if a.process_index is not None and not 0 <= a.process_index < a.processes:
+        parser.error("--process-index must be below --processes")
     if a.shutdown_delay < 0 or a.shutdown_timeout < 0:
         parser.error("--shutdown-delay and --shutdown-timeout must not be negative")
     for flag in ("policy", "prefill_policy", "decode_policy"):
@@ -745,7 +816,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         host, colon, port = a.peers_dns.rpartition(":")
         if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
             parser.error(f"--peers-dns takes HOST:PORT, got {a.peers_dns!r}")
+    # a child holds its share of the pod's memory budgets (trees, request bodies): the container's limit bounds them all
+    share = a.processes if a.process_index is not None else 1
     return Settings(
+        process=ProcessSettings(count=a.processes, dir=a.processes_dir or None, index=a.process_index),
         peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None, ready_grace=a.peers_ready_grace),
         routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
@@ -755,7 +829,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             admin_port=a.admin_port,
             max_payload_size=a.max_payload_size,
             max_concurrent_requests=a.max_concurrent_requests,
-            max_inflight_bytes=a.max_inflight_bytes,
+            max_inflight_bytes=max(a.max_payload_size, a.max_inflight_bytes // share),
             body_timeout=a.body_timeout,
             request_timeout=a.request_timeout,
             first_byte_timeout=a.first_byte_timeout,
@@ -772,9 +846,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             cache_threshold=a.cache_threshold,
             balance_abs_threshold=a.balance_abs_threshold,
             balance_rel_threshold=a.balance_rel_threshold,
-            tree_memory_budget=a.tree_memory_budget,
+            tree_memory_budget=max(1, a.tree_memory_budget // share),
             placement_prefix_chars=a.placement_prefix_chars,
-            index_complete=a.router_replicas == 1 or bool(peers) or bool(a.peers_dns),
+            index_complete=(a.router_replicas == 1 and share == 1) or bool(peers) or bool(a.peers_dns),
             tree_chars_per_token=a.tree_chars_per_token,
             prefill_hold_seconds=a.prefill_hold_seconds,
             prefill_claim_seconds=a.prefill_claim_seconds,

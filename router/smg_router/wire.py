@@ -143,6 +143,11 @@ class Request:
         return self._query
 
     @property
+    def query_string(self) -> str:
+        """The request target's query, as sent (``query`` parses it)."""
+        return self._query_string
+
+    @property
     def local_port(self) -> int | None:
         """The port the connection was accepted on (the socket's, not the client's Host header)."""
         return self._conn.local_port

@@ -171,7 +171,7 @@ def test_router_deployment_wiring(rendered: dict[str, Rendered]) -> None:
         "SMG_CACHE_THRESHOLD": "0.3",
         "SMG_BALANCE_ABS_THRESHOLD": "32",
         "SMG_BALANCE_REL_THRESHOLD": "1.5",
-        "SMG_MAX_TREE_SIZE": "67108864",
+        "SMG_TREE_MEMORY_BUDGET": "268435456",
         "SMG_LOAD_MONITOR_INTERVAL": "1",
         "SMG_MAX_PAYLOAD_SIZE": "8388608",
         "SMG_MAX_CONCURRENT_REQUESTS": "1024",

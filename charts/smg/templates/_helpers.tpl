@@ -209,3 +209,26 @@ policy/v1beta1
 {{- fail "router.pd.enabled with sim.enabled needs sim.pd.enabled (a PD router does not route to regular workers)" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The router's serving processes (SMG_PROCESSES): router.processes, else resources.limits.cpu rounded up ("500m": 1,
+"1.5": 2), else nothing (the router reads its cgroup's limit; none: one process).
+*/}}
+{{- define "smg.routerProcesses" -}}
+{{- $r := .Values.router -}}
+{{- if $r.processes -}}
+{{- $r.processes | int64 -}}
+{{- else -}}
+{{- $cpu := "" -}}
+{{- with $r.resources }}{{ with .limits }}{{ with .cpu }}{{ $cpu = toString . }}{{ end }}{{ end }}{{ end -}}
+{{- if $cpu -}}
+{{- $cores := 0.0 -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $cores = divf (trimSuffix "m" $cpu | float64) 1000 -}}
+{{- else -}}
+{{- $cores = $cpu | float64 -}}
+{{- end -}}
+{{- max 1 (ceil $cores | int64) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
