@@ -472,7 +472,6 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_worker_healthy": min,  # healthy in every process
     "smg_cache_tree_size_chars": max,  # each process's tree holds its own requests' prompts: the fullest
     "smg_cache_tree_bytes": lambda a, b: a + b,  # the pod's memory
-    "smg_router_backlog_share": lambda a, b: a + b,  # the pod's share of the fleet's backlog
     "smg_peers_in_sync": min,  # in sync in every process
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms

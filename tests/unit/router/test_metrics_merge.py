@@ -14,7 +14,6 @@ def _process(requests: int, inflight: float, healthy: float, lag: float, *, extr
     m.worker_healthy.labels("http://w", "regular").set(healthy)
     m.worker_backend_load.labels("http://w", "regular").set(7)
     m.loop_lag.observe(lag)
-    m.add_backlog_share_source(lambda: 0.25)
     m.lifecycle_events.labels("added", "regular").inc()  # the parent applied one change to each process
     if extra:
         m.requests.labels("/v1/completions", "m", "503").inc()
@@ -38,7 +37,6 @@ def test_counters_and_histograms_add_up_and_each_gauge_merges_by_its_rule() -> N
     assert metric_value(merged, "smg_worker_inflight") == 3  # summed: the pod's requests in flight
     assert metric_value(merged, "smg_worker_healthy") == 0  # healthy only when healthy in every process
     assert metric_value(merged, "smg_worker_backend_load") == 7  # the same engine's figure, not twice it
-    assert metric_value(merged, "smg_router_backlog_share") == 0.5
     assert metric_value(merged, "smg_worker_lifecycle_events_total", event="added") == 1  # one change, not two
     assert merged.count("# TYPE smg_requests_total counter") == 1
     names = [line.split()[2] for line in merged.splitlines() if line.startswith("# TYPE")]
@@ -52,7 +50,6 @@ def test_every_gauge_of_the_router_has_a_merge_rule() -> None:
     m = Metrics()
     m.add_tree_size_source(lambda: [("m", "regular", "http://w", 1)])
     m.add_tree_bytes_source(lambda: [("m", "regular", 1)])
-    m.add_backlog_share_source(lambda: 1.0)
     m.add_peers_in_sync_source(lambda: 1.0)
     gauges = {line.split()[2] for line in m.exposition().decode().splitlines() if line.endswith(" gauge")}
     assert gauges == set(GAUGE_MERGE)
