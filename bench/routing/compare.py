@@ -4,8 +4,8 @@ Usage:  python bench/routing/compare.py RESULT.json [RESULT.json ...] --before R
 
 Reads routing-benchmark results (``run.py``'s or ``llamacpp.py``'s output, or their summaries in
 ``bench/summaries/``) whose targets name their commits (``smg:cache_aware@REV``), and prints, per workload, arm
-(the target without its ``@REV``) and replica count, the mean cached share and TTFT p99 of each commit over the
-seeds, with the seeds' spread (max - min).  A cell is marked ``worse`` when the after is below the before by more
+(the target without its ``@REV``) and replica count, the mean cached share and p99 latency (TTFT; end to end for
+the llama.cpp benchmark, which has no TTFT) of each commit over the seeds, with the seeds' spread (max - min).  A cell is marked ``worse`` when the after is below the before by more
 than the larger of the two spreads (cached share; at least 0.005), or above it by more than that (TTFT p99; at least
 5%).  Then, per arm of
 each commit, the cached share with 4 and 8 replicas as a fraction of its 1-replica share.
@@ -46,7 +46,8 @@ def collect(rows: Sequence[dict[str, Any]], rev: str) -> dict[Cell, list[tuple[f
         if at != rev or not m.get("ok"):
             continue
         ttft = m.get("ttft_ms") or m.get("e2e_ms") or {}
-        out.setdefault((r["workload"], arm, int(r["replicas"])), []).append((m["cached_share"], ttft.get("p99", 0.0)))
+        cell = (r.get("workload", "llamacpp"), arm, int(r["replicas"]))  # the llama.cpp benchmark has one workload
+        out.setdefault(cell, []).append((m["cached_share"], ttft.get("p99", 0.0)))
     return out
 
 
@@ -56,7 +57,7 @@ def _mean_spread(xs: Sequence[float]) -> tuple[float, float]:
 
 def table(before: dict[Cell, list[tuple[float, float]]], after: dict[Cell, list[tuple[float, float]]]) -> list[str]:
     lines = [
-        "| workload | arm | replicas | cached before | cached after | TTFT p99 before | TTFT p99 after | |",
+        "| workload | arm | replicas | cached before | cached after | p99 ms before | p99 ms after | |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell in sorted(set(before) & set(after)):
