@@ -5,10 +5,10 @@ Usage:  python bench/routing/compare.py RESULT.json [RESULT.json ...] --before R
 Reads routing-benchmark results (``run.py``'s or ``llamacpp.py``'s output, or their summaries in
 ``bench/summaries/``) whose targets name their commits (``smg:cache_aware@REV``), and prints, per workload, arm
 (the target without its ``@REV``) and replica count, the mean cached share and p99 latency (TTFT; end to end for
-the llama.cpp benchmark, which has no TTFT) of each commit over the seeds, with the seeds' spread (max - min).  A cell is marked ``worse`` when the after is below the before by more
-than the larger of the two spreads (cached share; at least 0.005), or above it by more than that (TTFT p99; at least
-5%).  Then, per arm of
-each commit, the cached share with 4 and 8 replicas as a fraction of its 1-replica share.
+the llama.cpp benchmark, which has no TTFT) of each commit over the seeds, with the seeds' spread (max - min).  A
+cell is marked ``worse`` when the after is below the before by more than the larger of the two spreads (cached
+share; at least 0.005), or above it by more than that (p99; at least 5%).  Then, per arm of each commit, the cached
+share with 4 and 8 replicas as a fraction of its 1-replica share.
 """
 
 from __future__ import annotations
