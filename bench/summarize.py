@@ -104,8 +104,9 @@ def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     parts = [KINDS[kind](d) for d in docs]
     if len(parts) == 1:
         return parts[0]
-    runs = [{k: v for k, v in p.items() if k != "rows"} for p in parts]
-    return {"runs": runs, "rows": [{"run": i, **r} for i, p in enumerate(parts) for r in p["rows"]]}
+    key = "cells" if kind == "proxy" else "rows"
+    runs = [{k: v for k, v in p.items() if k != key} for p in parts]
+    return {"runs": runs, key: [{"run": i, **r} for i, p in enumerate(parts) for r in p[key]]}
 
 
 def main(argv: Sequence[str]) -> int:
