@@ -215,7 +215,7 @@ async def test_a_worker_counts_the_requests_waiting_behind_each_prefill_until_th
 
 
 class _Told:
-    """The peers as ``Holds`` sees them (``policies.base.Peers``): what it told them of its leads."""
+    """The peers as ``Holds`` sees them (``attempt.Peers``): what it told them of its leads."""
 
     def __init__(self, id: str = "m") -> None:
         self.id = id
