@@ -128,9 +128,9 @@ def test_shared_prefix_sticks_to_one_engine_and_reuses_its_kv_cache(router: Rout
 def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cache(
     router: Router, engines: list[LlamaServer]
 ) -> None:
-    # New prefixes are placed by rendezvous hashing of their leading chars over the worker ids, the same
-    # function on every router replica: pick 4 whose ranking puts 2 on each engine (its 2 slots), as computed
-    # here from the ids alone, and check that the router places them so.
+    # New prefixes go where a slot is free and the fewest prompts are held, ties by rendezvous rank of their
+    # leading chars over the worker ids: pick 4 whose ranking puts 2 on each engine (its 2 slots), as computed
+    # here from the ids alone, sent alternately, and check that the router places them so.
     ids = [w["id"] for w in router.workers()]
     rng = random.Random("distinct-prefixes")
     by_engine: dict[str, list[str]] = {i: [] for i in ids}
