@@ -148,11 +148,12 @@ class CacheAwarePolicy(Policy):
         tree = self._tree(model)
         loads = self.loads_of(workers, model, now)
         key_text = self._key_text(text, req.head)
+        key = placement_key(key_text, self.ctx.settings.placement_prefix_chars)
         decision: Decision | None = None
 
         def choose(match: Match) -> str:
             nonlocal decision
-            decision = self._decide(workers, loads, match, model, req, key_text)
+            decision = self._decide(workers, loads, match, model, req, key_text, key)
             return decision.worker.url
 
         if not self._own:  # every worker's index is the tree: match and insert in one descent
@@ -161,7 +162,7 @@ class CacheAwarePolicy(Policy):
             url = choose(deepest(text, self._indexes(tree, workers)))
             self._index_of(tree, url).insert(text, url)
         assert decision is not None  # match_and_insert always asks
-        self._hold(decision.worker.url, key_text)
+        self._hold(decision.worker.url, key)
         return decision
 
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
@@ -170,7 +171,7 @@ class CacheAwarePolicy(Policy):
         held = index.match(req.text)
         index.insert(req.text, worker.url)
         key_text = self._key_text(req.text, req.head)
-        self._hold(worker.url, key_text)
+        self._hold(worker.url, placement_key(key_text, self.ctx.settings.placement_prefix_chars))
         matched = held.matched_chars if worker.url in held.tenants else 0
         return Decision(
             worker=worker,
@@ -187,7 +188,7 @@ class CacheAwarePolicy(Policy):
         if worker_url not in self._served:
             return False
         self._index_of(self._tree(model), worker_url).insert(text, worker_url)
-        self._hold(worker_url, self._key_text(text, head))
+        self._hold(worker_url, placement_key(self._key_text(text, head), self.ctx.settings.placement_prefix_chars))
         return True
 
     def _tree(self, model: str) -> RadixTree:
@@ -214,7 +215,7 @@ class CacheAwarePolicy(Policy):
         whole text), at most placement_prefix_chars."""
         return text[: min(head or len(text), self.ctx.settings.placement_prefix_chars)]
 
-    def _hold(self, worker_url: str, key_text: str) -> None:
+    def _hold(self, worker_url: str, key: int) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
         keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused.  Kept
         too while the engine has reported neither slots nor a KV capacity (llama.cpp's ``/props`` is read after
@@ -223,7 +224,6 @@ class CacheAwarePolicy(Policy):
         slots = loads.slots(worker_id)
         if slots is None and loads.kv_tokens(worker_id) is not None:
             return
-        key = placement_key(key_text, self.ctx.settings.placement_prefix_chars)
         held = self._held.setdefault(worker_url, OrderedDict())
         held[key] = None
         held.move_to_end(key)
@@ -238,6 +238,7 @@ class CacheAwarePolicy(Policy):
         model: str,
         req: RouteRequest,
         key_text: str,
+        key: int,
     ) -> Decision:
         """The module docstring's branches, each counted."""
         s = self.ctx.settings
@@ -249,7 +250,6 @@ class CacheAwarePolicy(Policy):
         counts.ratio.observe(rate)
         (counts.hits if rate > s.cache_threshold else counts.misses).inc()
         counts.fleet.inc(match.matched_chars)
-        key = placement_key(key_text, s.placement_prefix_chars)
         ok = within_gate(loads, s)
         covered = not req.head or match.matched_chars >= len(key_text)
         branch, fallback, chosen = "miss", None, -1
