@@ -28,13 +28,9 @@ class PolicySettings:
     """Default policy for regular workers (and for PD slots not given their own)."""
     cache_threshold: float = 0.3
     """A match is a hit only when matched_chars / len(text) is strictly greater than this."""
-    balance_abs_threshold: int = 4
-    """A holder is over the load gate when its load exceeds the least loaded worker's by more than this ...
-    (4, not the Rust gateway's 64: with a per-request gate a spill copies a hot prefix to a less busy worker,
-    and on the routing benchmark 4 kept 0.84 of the tokens cached where 64 kept 0.70; with big batches the
-    relative threshold is the one that binds)"""
     balance_rel_threshold: float = 1.5
-    """... and is greater than the least load times this."""
+    """A worker is over the load gate when a request would wait for a running slot there, another worker would
+    make it wait less, and its load is greater than the least load times this (``placement.within_gate``)."""
     tree_memory_budget: int = 256 * 2**20
     """Estimated bytes all the cache-aware trees of the router may hold together (every policy instance,
     every model); past it every worker of every tree is LRU-evicted by the same fraction, down to 80%.
@@ -428,19 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         routing,
-        "--balance-abs-threshold",
-        pol.balance_abs_threshold,
-        type=int,
-        help="load gate: a worker is over it when its load exceeds the least loaded one's by more than this ...",
-        why="not the SGLang router's 64: on the routing benchmark 4 kept 0.84 of the tokens cached, 64 kept 0.70",
-    )
-    add(
-        routing,
         "--balance-rel-threshold",
         pol.balance_rel_threshold,
         type=float,
-        help="... and is more than the least load times this",
-        why="the SGLang router's default",
+        help="load gate: a worker is over it when a request would wait for a running slot there, another worker "
+        "would make it wait less, and its load is more than the least load times this",
+        why="the SGLang router's default; the slots are the engine's own (reported, or seen when requests wait)",
     )
     add(
         routing,
@@ -844,7 +833,6 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         policy=PolicySettings(
             name=a.policy,
             cache_threshold=a.cache_threshold,
-            balance_abs_threshold=a.balance_abs_threshold,
             balance_rel_threshold=a.balance_rel_threshold,
             tree_memory_budget=max(1, a.tree_memory_budget // share),
             placement_prefix_chars=a.placement_prefix_chars,

@@ -18,6 +18,7 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("sglang:num_queue_reqs", "gauge", "num_waiting_reqs", "Number of requests in the waiting queue."),
     ("sglang:num_used_tokens", "gauge", "num_used_tokens", "KV cache tokens held by running requests."),
     ("sglang:max_total_num_tokens", "gauge", "max_total_num_tokens", "KV cache capacity in tokens."),
+    ("sglang:max_running_requests", "gauge", "max_running", "Maximum running requests."),
     ("sglang:token_usage", "gauge", "token_usage", "Fraction of the KV cache held by running requests."),
     ("sglang:cache_hit_rate", "gauge", "cache_hit_rate", "Fraction of prompt tokens served from the prefix cache."),
     ("sglang:gen_throughput", "gauge", "gen_throughput", "Generation throughput in tokens per second."),
@@ -49,6 +50,7 @@ def loads_report(stats: EngineStats) -> dict[str, Any]:
                 "gen_throughput": round(stats.gen_throughput, 3),
                 "cache_hit_rate": round(stats.cache_hit_rate, 6),
                 "utilization": round(stats.utilization, 6),
+                "max_running_requests": stats.max_running,
             }
         ],
     }

@@ -169,7 +169,6 @@ def test_router_deployment_wiring(rendered: dict[str, Rendered]) -> None:
         "SMG_PORT": "30000",
         "SMG_POLICY": "cache_aware",
         "SMG_CACHE_THRESHOLD": "0.3",
-        "SMG_BALANCE_ABS_THRESHOLD": "32",
         "SMG_BALANCE_REL_THRESHOLD": "1.5",
         "SMG_TREE_MEMORY_BUDGET": "268435456",
         "SMG_LOAD_MONITOR_INTERVAL": "1",

@@ -35,13 +35,26 @@ def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict
     return w
 
 
-class Env:
-    """A factory with real metrics and a load view, as the router wires them."""
+class Loads(LoadView):
+    """A load view whose engines all report ``slots`` running slots, unless a test records others."""
 
-    def __init__(self, **policy: object) -> None:
+    def __init__(self, *, slots: int | None) -> None:
+        super().__init__(max_age=5.0)
+        self.default_slots = slots
+
+    def running_slots(self, worker_id: str) -> int | None:
+        found = super().running_slots(worker_id)
+        return self.default_slots if found is None else found
+
+
+class Env:
+    """A factory with real metrics and a load view, as the router wires them; its engines run ``slots`` requests at
+    once (None: they never said)."""
+
+    def __init__(self, *, slots: int | None = 5, **policy: object) -> None:
         self.settings = PolicySettings(**policy)  # type: ignore[arg-type]
         self.metrics = Metrics()
-        self.loads = LoadView(max_age=5.0)
+        self.loads = Loads(slots=slots)
         self.factory = PolicyFactory(settings=self.settings, loads=self.loads, metrics=self.metrics, seed=7)
 
     def sample(self, name: str, **labels: str) -> float:

@@ -42,19 +42,18 @@ T = TypeVar("T")
 MAX_BACKLOG = 10**9
 """More running + waiting requests than any engine holds: a report above it is garbage, not a load to route on."""
 
-# Prometheus gauges whose sum is a worker's running + waiting requests.
-BACKLOG_GAUGES = frozenset(
-    {
-        "sglang:num_running_reqs",
-        "sglang:num_queue_reqs",
-        "sglang_num_running_reqs",
-        "sglang_num_queue_reqs",
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "llamacpp:requests_processing",
-        "llamacpp:requests_deferred",
-    }
+RUNNING_GAUGES = frozenset(
+    {"sglang:num_running_reqs", "sglang_num_running_reqs", "vllm:num_requests_running", "llamacpp:requests_processing"}
 )
+"""Prometheus gauges of the requests an engine runs now."""
+WAITING_GAUGES = frozenset(
+    {"sglang:num_queue_reqs", "sglang_num_queue_reqs", "vllm:num_requests_waiting", "llamacpp:requests_deferred"}
+)
+"""Prometheus gauges of the requests an engine holds back until it can run them."""
+BACKLOG_GAUGES = RUNNING_GAUGES | WAITING_GAUGES
+"""Gauges whose sum is a worker's running + waiting requests."""
+SLOT_GAUGES = frozenset({"sglang:max_running_requests", "sglang_max_running_requests"})
+"""Where an exposition says how many requests the engine runs at once."""
 
 
 def _count(value: object, what: str) -> float:
@@ -85,10 +84,20 @@ MAX_KV_TOKENS = 10**12
 
 
 class Report(NamedTuple):
-    """One poll's figures: running + waiting requests, and the KV cache capacity in tokens if reported."""
+    """One poll's figures: running + waiting requests, and what the engine says of its capacity."""
 
     backlog: int
     kv_tokens: int | None
+    """The KV cache capacity in tokens, if reported."""
+    running_slots: int | None = None
+    """How many requests the engine runs at once: reported (SGLang's ``max_running_requests``), else, when
+    requests waited at the poll, those it was running (an engine holds a request back only when it is full)."""
+
+
+def _slots(running: float, waiting: float, reported: float, seen: bool) -> int | None:
+    if seen and 0 < reported <= MAX_BACKLOG:
+        return int(reported)
+    return int(running) if waiting > 0 and running > 0 else None
 
 
 def _kv(total: float, seen: bool) -> int | None:
@@ -101,22 +110,34 @@ def parse_loads(body: bytes) -> int:
 
 
 def parse_loads_report(body: bytes) -> Report:
-    """``parse_loads`` and the KV capacity: ``max_total_num_tokens`` summed over the ranks."""
+    """``parse_loads`` and the capacities: ``max_total_num_tokens`` and ``max_running_requests`` summed over the
+    ranks (the slots only when every rank reports them)."""
     data = orjson.loads(body)  # NaN, Infinity and numbers that overflow a double are JSONDecodeError (ValueError)
     if not isinstance(data, dict) or not isinstance(data.get("loads"), list):
         raise ValueError("not a /v1/loads document")
-    total = 0.0  # each term is at most MAX_BACKLOG, so the sum is exact in a double well past the bound
+    running = waiting = 0.0  # each term is at most MAX_BACKLOG, so the sums are exact in a double past the bound
     kv, kv_seen = 0.0, False
+    slots, slots_seen = 0.0, bool(data["loads"])
     for rank in data["loads"]:
         if not isinstance(rank, dict):
             raise ValueError("malformed rank entry")
-        for key in ("num_running_reqs", "num_waiting_reqs"):
-            if key in rank:  # an engine that omits a counter has none of those requests
-                total += _count(rank[key], key)
-        capacity = rank.get("max_total_num_tokens")
-        if isinstance(capacity, int | float) and not isinstance(capacity, bool) and math.isfinite(capacity):
+        if "num_running_reqs" in rank:  # an engine that omits a counter has none of those requests
+            running += _count(rank["num_running_reqs"], "num_running_reqs")
+        if "num_waiting_reqs" in rank:
+            waiting += _count(rank["num_waiting_reqs"], "num_waiting_reqs")
+        capacity = _hint(rank.get("max_total_num_tokens"))
+        if capacity is not None:
             kv, kv_seen = kv + capacity, True  # a capacity that makes no sense is left out, not an error
-    return Report(_backlog(total), _kv(kv, kv_seen))
+        rank_slots = _hint(rank.get("max_running_requests"))
+        slots, slots_seen = slots + (rank_slots or 0), slots_seen and rank_slots is not None
+    return Report(_backlog(running + waiting), _kv(kv, kv_seen), _slots(running, waiting, slots, slots_seen))
+
+
+def _hint(value: object) -> float | None:
+    """A capacity as reported, or None when it is not a finite number (a hint: never an error)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
 
 
 def parse_metrics(text: str) -> int:
@@ -125,11 +146,13 @@ def parse_metrics(text: str) -> int:
 
 
 def parse_metrics_report(text: str) -> Report:
-    """``parse_metrics`` and the KV capacity: SGLang's ``sglang:max_total_num_tokens`` gauge, or vLLM's
-    ``vllm:cache_config_info`` labels ``num_gpu_blocks`` times ``block_size``."""
-    total = 0.0
+    """``parse_metrics`` and the capacities: KV from SGLang's ``sglang:max_total_num_tokens`` gauge or vLLM's
+    ``vllm:cache_config_info`` labels ``num_gpu_blocks`` times ``block_size``; running slots from SGLang's
+    ``sglang:max_running_requests`` (vLLM reports none: learned when requests wait)."""
+    running = waiting = 0.0
     seen = False
     kv, kv_seen = 0.0, False
+    slots, slots_seen = 0.0, False
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -143,19 +166,28 @@ def parse_metrics_report(text: str) -> Report:
             fields = rest.split()
             if not fields:
                 raise ValueError(f"{name} has no value")
-            total += _count(float(fields[0]), name)  # float() of a non-number is ValueError too
+            count = _count(float(fields[0]), name)  # float() of a non-number is ValueError too
+            if name in RUNNING_GAUGES:
+                running += count
+            else:
+                waiting += count
             seen = True
         elif name in KV_GAUGES:
-            capacity = _kv_of(name, line, rest)
+            capacity = _capacity_of(name, line, rest)
             if capacity is not None:
                 kv, kv_seen = kv + capacity, True
+        elif name in SLOT_GAUGES:
+            capacity = _capacity_of(name, line, rest)
+            if capacity is not None:
+                slots, slots_seen = slots + capacity, True
     if not seen:
         raise ValueError("no backlog gauges in /metrics")
-    return Report(_backlog(total), _kv(kv, kv_seen))
+    return Report(_backlog(running + waiting), _kv(kv, kv_seen), _slots(running, waiting, slots, slots_seen))
 
 
-def _kv_of(name: str, line: str, rest: str) -> float | None:
-    """One KV-capacity line's tokens, or None when it does not make sense (never an error: it is a hint)."""
+def _capacity_of(name: str, line: str, rest: str) -> float | None:
+    """One capacity line's figure (KV tokens, running slots), or None when it does not make sense (never an error:
+    it is a hint)."""
     try:
         if name == "vllm:cache_config_info":
             labels = dict(_LABEL.findall(line[: line.rfind("}")]))
@@ -291,6 +323,8 @@ class LoadMonitor:
                     log.info("worker %s load poll recovered", worker.url)
                 if report.kv_tokens is not None:
                     self._record_kv(worker, report.kv_tokens)
+                if report.running_slots is not None:
+                    self._loads.record_running_slots(worker.id, report.running_slots)
             return load
         if self._registry.get(worker.id) is worker:  # a removed worker's series stay gone
             self._metrics.worker_poll_errors.labels(worker.url, kind).inc()

@@ -103,7 +103,8 @@ class Policy:
         key = req.routing_key
         if key is None:
             return self.decide(workers, req, now)
-        i, branch = pin(workers, self.loads_of(workers, req.model, now), key, req.worker_hint, self.ctx.settings)
+        loads = self.loads_of(workers, req.model, now)
+        i, branch = pin(workers, loads, self.slots_of(workers), key, req.worker_hint, self.ctx.settings)
         self.ctx.metrics.decisions.labels(req.model, self.ctx.role, branch).inc()
         return self.pinned(workers[i], req, branch)
 
@@ -148,6 +149,11 @@ class Policy:
         if not all_fresh:
             self.fallback(model, "no_load_data")
         return loads
+
+    def slots_of(self, workers: Sequence[Worker]) -> list[int | None]:
+        """Each worker's running slots (``LoadView.running_slots``), aligned with ``workers``: the load gate's."""
+        slots = self.ctx.loads.running_slots
+        return [slots(w.id) for w in workers]
 
     def fallback(self, model: str, reason: str) -> None:
         self.ctx.metrics.fallbacks.labels(model, self.ctx.role, self.name, reason).inc()

@@ -11,8 +11,9 @@ Inputs
   started their answer (they join its prefill: the engine computes it once);
 - what each worker prefills: the requests this router sent it that have not started their answer
   (``Worker.prefilling``): engines prefill before they decode, so a new prompt waits for the prefills ahead of it;
-- the gate: a worker is over it when its load exceeds the least loaded worker's by more than
-  ``balance_abs_threshold`` and is more than ``balance_rel_threshold`` times it.
+- the gate: a worker is over it when a request sent there would wait for a running slot (its load is at least
+  the requests its engine runs at once, ``LoadView.running_slots``), another worker would make it wait less, and
+  its load is more than ``balance_rel_threshold`` times the least (``placement.within_gate``).
 
 Branches
 1. hit: the match covers more than ``cache_threshold`` of the prompt (in a chat, at least its placement key: a
@@ -147,13 +148,14 @@ class CacheAwarePolicy(Policy):
         model, text = req.model, req.text
         tree = self._tree(model)
         loads = self.loads_of(workers, model, now)
+        slots = self.slots_of(workers)
         key_text = self._key_text(text, req.head)
         key = placement_key(key_text, self.ctx.settings.placement_prefix_chars)
         decision: Decision | None = None
 
         def choose(match: Match) -> str:
             nonlocal decision
-            decision = self._decide(workers, loads, match, model, req, key_text, key)
+            decision = self._decide(workers, loads, slots, match, model, req, key_text, key)
             return decision.worker.url
 
         if not self._own:  # every worker's index is the tree: match and insert in one descent
@@ -234,6 +236,7 @@ class CacheAwarePolicy(Policy):
         self,
         workers: Sequence[Worker],
         loads: list[int],
+        slots: list[int | None],
         match: Match,
         model: str,
         req: RouteRequest,
@@ -250,7 +253,7 @@ class CacheAwarePolicy(Policy):
         counts.ratio.observe(rate)
         (counts.hits if rate > s.cache_threshold else counts.misses).inc()
         counts.fleet.inc(match.matched_chars)
-        ok = within_gate(loads, s)
+        ok = within_gate(loads, slots, s)
         covered = not req.head or match.matched_chars >= len(key_text)
         branch, fallback, chosen = "miss", None, -1
         if rate > s.cache_threshold and covered:
@@ -258,7 +261,7 @@ class CacheAwarePolicy(Policy):
             gated, gate = loads, ok
             if any(key_text in workers[i].joining for i in holders):  # requests that join its prefill
                 gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
-                gate = within_gate(gated, s)
+                gate = within_gate(gated, slots, s)
             usable = [i for i in holders if gate[i]]
             if usable:
                 branch = "hit"

@@ -43,12 +43,17 @@ def rendezvous_score(key: int, worker_id: str) -> int:
     return x ^ (x >> 31)
 
 
-def within_gate(loads: Sequence[int], settings: PolicySettings) -> list[bool]:
-    """Per worker: not over the load gate (``load - min > balance_abs_threshold`` AND ``load > min *
-    balance_rel_threshold``, min over the routable workers)."""
-    lo = min(loads)
-    abs_t, rel_t = settings.balance_abs_threshold, settings.balance_rel_threshold
-    return [not (x - lo > abs_t and x > lo * rel_t) for x in loads]
+def within_gate(loads: Sequence[int], slots: Sequence[int | None], settings: PolicySettings) -> list[bool]:
+    """Per worker: not over the load gate.  A worker is over it when a request sent there would wait for a running
+    slot (its load is at least its engine's running slots), another worker would make it wait less (fewer requests
+    beyond its slots, or a free one), and its load is more than ``balance_rel_threshold`` times the least load.
+    An engine whose running slots are not known (``LoadView.running_slots``) has shown no limit: never over."""
+    lo = min(loads) * settings.balance_rel_threshold
+    excess = [None if n is None else x - n for x, n in zip(loads, slots, strict=True)]
+    if any(e is None for e in excess):
+        return [e is None or e < 0 or x <= lo for e, x in zip(excess, loads, strict=True)]
+    least = min(e for e in excess if e is not None)
+    return [e is None or e < 0 or e <= least or x <= lo for e, x in zip(excess, loads, strict=True)]
 
 
 def rendezvous_ranked(workers: Sequence[Worker], ok: Sequence[bool], key: int, count: int) -> list[int]:

@@ -26,11 +26,16 @@ KEY_CHARS = 4096
 
 
 def pin(
-    workers: Sequence[Worker], loads: Sequence[int], key: str, hint: str | None, settings: PolicySettings
+    workers: Sequence[Worker],
+    loads: Sequence[int],
+    slots: Sequence[int | None],
+    key: str,
+    hint: str | None,
+    settings: PolicySettings,
 ) -> tuple[int, str]:
     """(index of the pinned worker, decision branch): ``stored`` for the hinted worker, else ``session``."""
     if hint is not None:
         for i, w in enumerate(workers):
             if w.id == hint:
                 return i, "stored"
-    return rendezvous_pick(workers, within_gate(loads, settings), placement_key(key, KEY_CHARS)), "session"
+    return rendezvous_pick(workers, within_gate(loads, slots, settings), placement_key(key, KEY_CHARS)), "session"

@@ -23,7 +23,7 @@ class LoadView:
     counts a ``no_load_data`` fallback).
     """
 
-    __slots__ = ("_entries", "_kv_tokens", "_slots", "max_age")
+    __slots__ = ("_entries", "_kv_tokens", "_running_slots", "_slots", "max_age")
 
     def __init__(self, *, max_age: float) -> None:
         self.max_age = max_age
@@ -32,6 +32,8 @@ class LoadView:
         self._kv_tokens: dict[str, int] = {}
         self._slots: dict[str, int] = {}
         """worker id -> the slots of an engine that keeps one prompt's KV per slot (llama.cpp)"""
+        self._running_slots: dict[str, int] = {}
+        """worker id -> how many requests its engine runs at once (``running_slots``)"""
 
     def record(self, worker_id: str, load: int, *, at: float | None = None, inflight: int = 0) -> None:
         """A poll's backlog (the engine's KV capacity comes by ``record_kv``).
@@ -45,10 +47,15 @@ class LoadView:
         if slots is not None:
             self._slots[worker_id] = slots
 
+    def record_running_slots(self, worker_id: str, slots: int) -> None:
+        """How many requests the worker's engine runs at once, as a poll found (kept until another or ``forget``)."""
+        self._running_slots[worker_id] = slots
+
     def forget(self, worker_id: str) -> None:
         self._entries.pop(worker_id, None)
         self._kv_tokens.pop(worker_id, None)
         self._slots.pop(worker_id, None)
+        self._running_slots.pop(worker_id, None)
 
     def kv_tokens(self, worker_id: str) -> int | None:
         """The KV cache capacity in tokens the worker's engine last reported (kept while it answers polls
@@ -58,6 +65,12 @@ class LoadView:
     def slots(self, worker_id: str) -> int | None:
         """How many prompts the worker's engine caches, one per slot, when it is such an engine (else None)."""
         return self._slots.get(worker_id)
+
+    def running_slots(self, worker_id: str) -> int | None:
+        """How many requests the worker's engine runs at once: as last reported or found by a poll (a slot engine:
+        its slots), or None while it is not known (an engine that never reported it nor made a request wait)."""
+        found = self._running_slots.get(worker_id)
+        return found if found is not None else self._slots.get(worker_id)
 
     def backend(self, worker_id: str, now: float | None = None) -> int | None:
         """The worker's last polled running + waiting, or None when missing or stale."""

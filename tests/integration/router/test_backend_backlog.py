@@ -13,7 +13,7 @@ from support.procs import MODEL, metric_value, start_router, start_sim, wait_unt
 
 async def test_backlog_on_a_worker_makes_new_requests_go_to_the_least_loaded(logs: Path) -> None:
     sims = [start_sim(logs, time_scale=1.0, extra=["--max-running", "2"]) for _ in range(2)]
-    r = start_router(logs, workers=[s.url for s in sims], args=["--balance-abs-threshold", "10"])
+    r = start_router(logs, workers=[s.url for s in sims])  # engines of 2 running slots (reported in /v1/loads)
     flood: list[asyncio.Task] = []
     try:
         r.wait_routable(2)

@@ -29,12 +29,12 @@ async def test_background_tasks_stop_with_the_app() -> None:
 def test_environment_sets_every_flag(monkeypatch) -> None:
     monkeypatch.setenv("SMG_CACHE_THRESHOLD", "0.6")
     monkeypatch.setenv("SMG_POLICY", "CacheAware")
-    monkeypatch.setenv("SMG_BALANCE_ABS_THRESHOLD", "9")
+    monkeypatch.setenv("SMG_BALANCE_REL_THRESHOLD", "9")
     monkeypatch.setenv("SMG_WORKER_URLS", "http://127.0.0.2:8000, http://127.0.0.3:8000")
     monkeypatch.setenv("SMG_ADMIN_API_KEY", "k")
     s = parse_settings([])
     assert s.policy.cache_threshold == 0.6 and s.policy.name == "cache_aware"
-    assert s.policy.balance_abs_threshold == 9 and s.server.admin_api_key == "k"
+    assert s.policy.balance_rel_threshold == 9 and s.server.admin_api_key == "k"
     assert s.worker_urls == ("http://127.0.0.2:8000", "http://127.0.0.3:8000")
     # the command line wins over the environment
     assert parse_settings(["--cache-threshold", "0.1"]).policy.cache_threshold == 0.1

@@ -130,9 +130,40 @@ def test_imbalance_uses_backend_backlog_even_without_local_inflight(env: Env) ->
     )
 
 
+@pytest.mark.parametrize(
+    ("slots", "loads", "within"),
+    [
+        # engines of 16 slots: a worker is over only once a request would wait there (16 running) and not elsewhere
+        ((16, 16), (15, 0), (True, True)),
+        ((16, 16), (16, 0), (False, True)),
+        ((16, 16), (16, 15), (True, True)),  # 16 is not more than 1.5 times 15
+        ((16, 16), (40, 17), (False, True)),  # both full: it waits less on the other, and 40 > 25.5
+        ((16, 16), (24, 17), (True, True)),  # both full, within the relative threshold: not worth a prefill
+        # a 256-slot engine is not over at 40 requests, where a 16-slot one is
+        ((256, 256), (40, 0), (True, True)),
+        ((16, 256), (40, 0), (False, True)),
+        # an engine that never reported its slots nor made a request wait has shown no limit
+        ((None, 16), (300, 0), (True, True)),
+        ((16, None), (30, 0), (False, True)),
+        ((None, None), (300, 0), (True, True)),
+    ],
+)
+def test_the_load_gate_is_the_engines_running_slots(
+    slots: tuple[int | None, ...], loads: tuple[int, ...], within: tuple[bool, ...]
+) -> None:
+    """A hit is worth a wait only where the engine would not make the request wait: the gate follows each engine's
+    running slots (16 on the simulator, 256 on a vLLM), not a count fitted to one of them."""
+    from smg_router.policies.placement import within_gate
+    from smg_router.settings import PolicySettings
+
+    assert within_gate(loads, slots, PolicySettings()) == list(within)
+
+
 @pytest.mark.parametrize(("hi", "lo", "imbalanced"), [(5, 0, True), (4, 0, False), (200, 140, False), (300, 100, True)])
 def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> None:
-    env = Env()
+    """Engines of 5 running slots: the holder is over the gate at 5 against an idle worker, never within 1.5 times
+    the least load."""
+    env = Env(slots=5)
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
     text = "x" * 100
@@ -158,7 +189,7 @@ def test_local_inflight_wins_over_an_older_idle_snapshot(env: Env) -> None:
         w.inflight += 1  # still running: the proxy holds it
         seen.append(w)
         lo = min(w.inflight for w in workers)
-        gate = max(env.settings.balance_abs_threshold, (env.settings.balance_rel_threshold - 1) * lo)
+        gate = max(env.loads.default_slots or 0, (env.settings.balance_rel_threshold - 1) * lo)
         assert abs(workers[0].inflight - workers[1].inflight) <= gate + 1
     assert {w.url for w in seen} == {w.url for w in workers}
 
@@ -413,7 +444,7 @@ def test_placement_flags_and_their_environment_variables(monkeypatch) -> None:
     from smg_router.settings import PolicySettings, parse_settings
 
     d = PolicySettings()
-    assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_abs_threshold) == (1024, 3.0, 4)
+    assert (d.placement_prefix_chars, d.tree_chars_per_token, d.balance_rel_threshold) == (1024, 3.0, 1.5)
     monkeypatch.setenv("SMG_PLACEMENT_PREFIX_CHARS", "256")
     monkeypatch.setenv("SMG_TREE_CHARS_PER_TOKEN", "1")
     got = parse_settings([]).policy
@@ -451,10 +482,11 @@ def test_every_turn_of_a_conversation_is_placed_where_its_first_turn_was() -> No
     assert len(set(firsts.values())) == 3  # sessions spread although they share the system prompt
 
 
-def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog(env: Env) -> None:
+def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog() -> None:
     """Optimistic accounting: the snapshot already counts every replica's requests; what this router sent
     since the poll went out comes on top, so a burst spills at the gate instead of piling onto the holder
     until its own in-flight count alone passes the snapshot (the old max(snapshot, in-flight))."""
+    env = Env(slots=8)
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
     text = "hot prefix " * 60
@@ -467,8 +499,8 @@ def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog(env: En
         w = p.select(workers, RouteRequest("m", text + "?"), NOW)
         w.inflight += 1  # the proxy's guard holds it
         got.append(w)
-    assert got[:5] == [holder] * 5  # 3 + 4 = 7: within abs 4 of the other's 3
-    assert got[5] is other  # 3 + 5 = 8 is over the gate: spilled
+    assert got[:5] == [holder] * 5  # 3 + 4 = 7: a running slot of its 8 still free
+    assert got[5] is other  # 3 + 5 = 8: a request would wait there, not on the other: spilled
     # requests that finished take their share back out; the poll's own count of ours is not counted twice
     holder.inflight = 0
     env.loads.record(holder.id, 3, at=NOW, inflight=5)
@@ -535,7 +567,8 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
 
 def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() -> None:
     """On a slot engine whose slots all hold other prompts a new one would evict a whole one (a third group on a
-    two-slot llama.cpp thrashed for the rest of the run): a miss goes to an engine with a free slot, however busy."""
+    two-slot llama.cpp thrashed for the rest of the run): a miss goes to an engine with a free slot, busier or not,
+    while it is within the load gate."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
     env = Env(tree_chars_per_token=1.0)
@@ -553,7 +586,7 @@ def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() 
     for i in first[:2]:
         assert p.observe("m", full.url, group(i), 0)  # both its slots taken
     assert p.observe("m", free.url, group(first[2]), 0)  # one of two
-    env.loads.record(free.id, 3, at=NOW)  # busier, within the gate, and prefilling
+    env.loads.record(free.id, 1, at=NOW)  # busier (one of its two slots runs), within the gate, and prefilling
     free.prefilling = 1
     assert p.select(workers, RouteRequest("m", group(first[3])), NOW) is free
     assert p.select(workers, RouteRequest("m", group(first[4])), NOW) is full  # both full: the fewest prefills

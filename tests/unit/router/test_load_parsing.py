@@ -7,6 +7,7 @@ such a report is rejected as a bad payload, not clamped into a number the polici
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -161,15 +162,34 @@ def test_the_kv_capacity_comes_from_loads_and_from_sglang_or_vllm_metrics() -> N
     from smg_router.fleet.load_monitor import parse_loads_report, parse_metrics_report
 
     two_ranks = {"loads": [{"num_running_reqs": 1, "max_total_num_tokens": 7000}, {"max_total_num_tokens": 5000}]}
-    assert parse_loads_report(json.dumps(two_ranks).encode()) == (1, 12000)
-    assert parse_loads_report(b'{"loads": [{"num_running_reqs": 2}]}') == (2, None)
+    assert parse_loads_report(json.dumps(two_ranks).encode()) == (1, 12000, None)
+    assert parse_loads_report(b'{"loads": [{"num_running_reqs": 2}]}') == (2, None, None)
     sglang = 'sglang:num_running_reqs 2\nsglang:max_total_num_tokens{model_name="m"} 7000\n'
-    assert parse_metrics_report(sglang) == (2, 7000)
+    assert parse_metrics_report(sglang) == (2, 7000, None)
     vllm = (
         'vllm:num_requests_running{model_name="m"} 3\n'
         'vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="1000"} 1.0\n'
     )
-    assert parse_metrics_report(vllm) == (3, 16000)
+    assert parse_metrics_report(vllm) == (3, 16000, None)
+
+
+def test_the_running_slots_are_what_the_engine_reports_else_what_it_ran_while_requests_waited() -> None:
+    """The load gate's slots: SGLang reports them (``max_running_requests`` per rank, a gauge in /metrics); an
+    engine that does not (vLLM) shows them when it holds requests back: it was running all it can."""
+    from smg_router.fleet.load_monitor import parse_loads_report, parse_metrics_report
+
+    ranks = {"loads": [{"num_running_reqs": 1, "max_running_requests": 16}, {"max_running_requests": 48}]}
+    assert parse_loads_report(json.dumps(ranks).encode()).running_slots == 64
+    one_silent = {"loads": [{"max_running_requests": 16}, {"num_running_reqs": 3}]}
+    assert parse_loads_report(json.dumps(one_silent).encode()).running_slots is None  # a rank's slots unknown
+    full = {"loads": [{"num_running_reqs": 8, "num_waiting_reqs": 5}]}
+    assert parse_loads_report(json.dumps(full).encode()) == (13, None, 8)
+    assert parse_metrics_report("sglang:num_running_reqs 2\nsglang:max_running_requests 32\n").running_slots == 32
+    vllm = 'vllm:num_requests_running{model_name="m"} 7\nvllm:num_requests_waiting{model_name="m"} %d\n'
+    assert parse_metrics_report(vllm % 2) == (9, None, 7)
+    assert parse_metrics_report(vllm % 0).running_slots is None  # nothing waited: no limit shown
+    llamacpp = "llamacpp:requests_processing 4\nllamacpp:requests_deferred 1\n"
+    assert parse_metrics_report(llamacpp).running_slots == 4
 
 
 @pytest.mark.parametrize("bad", [*HOSTILE_NUMBERS, '"7000"', "true", "null", "0", "[]"])
@@ -183,11 +203,19 @@ def test_a_kv_capacity_that_makes_no_sense_is_left_out_and_the_backlog_still_cou
     except ValueError:  # NaN, Infinity and overflowing numbers are not JSON at all
         assert bad.lower().lstrip("+-") in ("inf", "nan", "1e309")
     else:
-        assert report == (1, None) or (report.kv_tokens is not None and 0 < report.kv_tokens <= 10**12), report
+        assert report.backlog == 1 and report.running_slots is None, report
+        assert report.kv_tokens is None or 0 < report.kv_tokens <= 10**12, report
+    slots = f'{{"loads": [{{"num_running_reqs": 1, "max_running_requests": {bad}}}]}}'
+    with contextlib.suppress(ValueError):  # not JSON: as above
+        report = parse_loads_report(slots.encode())
+        assert report.running_slots is None or 0 < report.running_slots <= 10**9, report
     text = f"sglang:num_running_reqs 1\nsglang:max_total_num_tokens {bad}\n"
     report = parse_metrics_report(text)
     assert report.backlog == 1
     assert report.kv_tokens is None or 0 < report.kv_tokens <= 10**12, report
+    report = parse_metrics_report(f"sglang:num_running_reqs 1\nsglang:max_running_requests {bad}\n")
+    assert report.backlog == 1
+    assert report.running_slots is None or 0 < report.running_slots <= 10**9, report
 
 
 def test_a_llamacpp_servers_kv_capacity_is_its_slot_context_times_its_slots() -> None:

@@ -31,14 +31,14 @@ def fleets(draw: st.DrawFn) -> dict[str, object]:
         "held": draw(
             st.lists(st.tuples(st.integers(0, size - 1), st.one_of(texts, st.sampled_from(BASES))), max_size=12)
         ),
-        "abs": draw(st.integers(1, 8)),
+        "slots": draw(st.lists(st.one_of(st.none(), st.integers(1, 16)), min_size=size, max_size=size)),
     }
 
 
 def _replica(fleet: dict[str, object], order: list[int], processed: int) -> tuple[object, list[object]]:
     """One replica: its own policy, load view and Worker objects; the index filled in ``order``, and local history
     (processed counts) of its own."""
-    env = Env(balance_abs_threshold=fleet["abs"], tree_chars_per_token=1.0)
+    env = Env(slots=None, tree_chars_per_token=1.0)
     hosts: list[int] = fleet["hosts"]  # type: ignore[assignment]
     workers = [make_worker(h) for h in hosts]
     policy = env.factory.create("cache_aware", role="regular")
@@ -49,6 +49,9 @@ def _replica(fleet: dict[str, object], order: list[int], processed: int) -> tupl
         env.loads.record(w.id, load, at=NOW)
         if fleet["kv"] is not None:
             env.loads.record_kv(w.id, fleet["kv"])  # type: ignore[arg-type]
+        slots = fleet["slots"][n]  # type: ignore[index]
+        if slots is not None:  # an engine that reported its running slots, or showed them
+            env.loads.record_running_slots(w.id, slots)
     held: list[tuple[int, str]] = fleet["held"]  # type: ignore[assignment]
     for k in order:
         i, text = held[k]
