@@ -1,0 +1,204 @@
+"""What the engines of one model say they cache, block by block: the index their KV events keep.
+
+An engine caches a prompt's KV in blocks of ``block_size`` tokens and says so in events (``BlockStored``: the
+blocks' hashes, the parent block's hash, their token ids; ``BlockRemoved``: hashes; ``AllBlocksCleared``).  Its
+hashes are its own (seeded, of an algorithm the router does not know), so the index keys a block by a chain of
+its own over the token ids instead (a block's key covers its parent's key, so it stands for the whole prefix up
+to it), and keeps per worker the map from the engine's hash to that key, for removals and for the next stored
+block's parent.  A request's tokens, cut into blocks the same way, are then looked up key by key: a worker holds as
+many tokens of the prompt as the consecutive run of its blocks from the first.
+
+The chain starts from the namespace (a LoRA adapter, a cache salt: blocks of different namespaces never match)
+and the block size (engines of one model may cut blocks differently).  Keys are Python hashes of int tuples:
+the same in every process for the same tokens, and 64 bits, so two prefixes collide about never.
+
+Memory: about ``ENTRY_BYTES`` per (worker, block) and ``KEY_BYTES`` per distinct block.  Over ``budget_bytes``
+the index forgets the oldest blocks of the worker that has the most: a forgotten block is a miss the engine
+would have served from cache, never a hit on a block the engine evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+ENTRY_BYTES = 120
+"""Estimated bytes of one (worker, block) entry: the engine hash, its key, the dict slot."""
+KEY_BYTES = 100
+"""Estimated bytes of one distinct block: its key, the holders' bit mask, the dict slot."""
+
+
+def block_keys(tokens: Sequence[int], block_size: int, namespace: str = "", start: int | None = None) -> list[int]:
+    """The chained keys of the full blocks of ``tokens``; ``start``: the key of the block before them (none: the
+    root of ``namespace`` and ``block_size``)."""
+    key = hash((namespace, block_size)) if start is None else start
+    keys = []
+    for i in range(0, len(tokens) - block_size + 1, block_size):
+        key = hash((key, *tokens[i : i + block_size]))
+        keys.append(key)
+    return keys
+
+
+class _Worker:
+    __slots__ = ("bit", "block_size", "blocks")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.block_size = 0
+        """Tokens per block of its engine, from its last stored event (0: none yet)."""
+        self.blocks: dict[Hashable, int] = {}
+        """The engine's block hash -> the index's key, oldest first."""
+
+
+class BlockIndex:
+    """The blocks each worker's engine holds, by the index's chained keys; one per model.
+
+    ``stored``, ``removed`` and ``cleared`` apply a worker's events; ``match`` says how much of a prompt each worker
+    holds.  Nothing here is asynchronous: the subscriber applies events as they come, the policy reads between.
+    """
+
+    __slots__ = ("_holders", "_workers", "budget_bytes", "forgotten", "orphans")
+
+    def __init__(self, *, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._holders: dict[int, int] = {}
+        """key -> bit mask of the workers holding that block"""
+        self._workers: dict[str, _Worker] = {}
+        self.orphans = 0
+        """Stored blocks dropped because their parent was not known (an event missed): the worker re-learns them
+        when its engine stores them again."""
+        self.forgotten = 0
+        """Blocks forgotten to stay under the budget."""
+
+    def _worker(self, worker: str) -> _Worker:
+        w = self._workers.get(worker)
+        if w is None:
+            used = 0
+            for other in self._workers.values():
+                used |= other.bit
+            bit = 1
+            while used & bit:
+                bit <<= 1
+            w = self._workers[worker] = _Worker(bit)
+        return w
+
+    def stored(
+        self,
+        worker: str,
+        *,
+        hashes: Sequence[Hashable],
+        parent: Hashable | None,
+        tokens: Sequence[int],
+        block_size: int,
+        namespace: str = "",
+    ) -> int:
+        """A ``BlockStored`` event: the blocks ``hashes`` (in order, ``tokens`` their token ids) follow the block
+        ``parent`` (None: they start a prompt).  The blocks applied: none when the parent is not known to the index
+        or the tokens do not fill the blocks."""
+        if block_size <= 0 or len(tokens) < len(hashes) * block_size:
+            self.orphans += len(hashes)
+            return 0
+        w = self._worker(worker)
+        w.block_size = block_size
+        start = None
+        if parent is not None:
+            start = w.blocks.get(parent)
+            if start is None:
+                self.orphans += len(hashes)
+                return 0
+        keys = block_keys(tokens[: len(hashes) * block_size], block_size, namespace, start)
+        holders = self._holders
+        for engine_hash, key in zip(hashes, keys, strict=True):
+            old = w.blocks.pop(engine_hash, None)  # stored again: it is the newest now
+            if old is not None and old != key:
+                self._drop(old, w.bit)
+            w.blocks[engine_hash] = key
+            holders[key] = holders.get(key, 0) | w.bit
+        if self.estimated_bytes() > self.budget_bytes:
+            self._shrink()
+        return len(keys)
+
+    def removed(self, worker: str, hashes: Sequence[Hashable]) -> int:
+        """A ``BlockRemoved`` event; the blocks the index knew (an unknown hash is one it never learned)."""
+        w = self._workers.get(worker)
+        if w is None:
+            return 0
+        known = 0
+        for engine_hash in hashes:
+            key = w.blocks.pop(engine_hash, None)
+            if key is not None:
+                self._drop(key, w.bit)
+                known += 1
+        return known
+
+    def cleared(self, worker: str) -> None:
+        """An ``AllBlocksCleared`` event, an engine that restarted, or a worker that left: it holds nothing."""
+        w = self._workers.pop(worker, None)
+        if w is not None:
+            for key in w.blocks.values():
+                self._drop(key, w.bit)
+
+    def _drop(self, key: int, bit: int) -> None:
+        mask = self._holders.get(key, 0) & ~bit
+        if mask:
+            self._holders[key] = mask
+        else:
+            self._holders.pop(key, None)
+
+    def match(self, tokens: Sequence[int], namespace: str = "") -> dict[str, int]:
+        """Tokens of the prompt ``tokens`` each worker holds (the consecutive run of its blocks from the first);
+        workers that hold none are left out."""
+        held: dict[str, int] = {}
+        for size in {w.block_size for w in self._workers.values() if w.block_size}:
+            held.update(self._match(tokens, size, namespace))
+        return held
+
+    def _match(self, tokens: Sequence[int], block_size: int, namespace: str) -> dict[str, int]:
+        alive = 0
+        for w in self._workers.values():
+            if w.block_size == block_size:
+                alive |= w.bit
+        blocks_by_bit: dict[int, int] = {}
+        blocks = 0
+        for key in block_keys(tokens, block_size, namespace):
+            still = alive & self._holders.get(key, 0)
+            gone = alive & ~still
+            if gone and blocks:
+                blocks_by_bit.update((bit, blocks) for bit in _bits(gone))
+            alive = still
+            if not alive:
+                break
+            blocks += 1
+        if alive and blocks:
+            blocks_by_bit.update((bit, blocks) for bit in _bits(alive))
+        return {name: blocks_by_bit[w.bit] * block_size for name, w in self._workers.items() if w.bit in blocks_by_bit}
+
+    def blocks_of(self, worker: str) -> int:
+        w = self._workers.get(worker)
+        return 0 if w is None else len(w.blocks)
+
+    def workers(self) -> list[str]:
+        return list(self._workers)
+
+    def estimated_bytes(self) -> int:
+        return KEY_BYTES * len(self._holders) + ENTRY_BYTES * sum(len(w.blocks) for w in self._workers.values())
+
+    def _shrink(self) -> None:
+        """Forget the oldest blocks of the worker with the most until the index is 90% of its budget."""
+        target = self.budget_bytes * 9 // 10
+        while self._workers and self.estimated_bytes() > target:
+            w = max(self._workers.values(), key=lambda x: len(x.blocks))
+            if not w.blocks:
+                return
+            for _ in range(max(1, len(w.blocks) // 10)):
+                engine_hash = next(iter(w.blocks))
+                self._drop(w.blocks.pop(engine_hash), w.bit)
+                self.forgotten += 1
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
+    return out
