@@ -84,6 +84,9 @@ class ProxyRequest:
     or a Responses call's ``previous_response_id``; None: the model's policy chooses."""
     worker_hint: str | None = None
     """Id of the worker that produced the ``previous_response_id`` (as this router relayed it), or None."""
+    tokens: list[int] | None = None
+    """The token ids of the engine's prompt when the router knows them (``prompts.prompt_tokens``): what the
+    indexes of the engines' KV events match."""
 
 
 def _content_text(content: Any) -> str:

@@ -24,6 +24,8 @@ class RouteRequest:
     """A session key that pins the request (``policies.sticky``); None: the policy chooses."""
     worker_hint: str | None = None
     """A worker known to hold the request's state (a previous response)."""
+    tokens: list[int] | None = None
+    """The engine prompt's token ids, when known: what an index of KV events matches."""
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:

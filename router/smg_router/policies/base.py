@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from smg_router.metrics import Metrics
+from smg_router.policies.index import EventIndexes
 from smg_router.policies.sticky import pin
 from smg_router.settings import PolicySettings
 from smg_router.workers.load import LoadView
@@ -40,6 +41,11 @@ class RouteRequest(Protocol):
     @property
     def head(self) -> int:
         """Length of the text's head: the part later turns of the same conversation repeat (0: unknown)."""
+        ...
+
+    @property
+    def tokens(self) -> Sequence[int] | None:
+        """The token ids of the engine's prompt, when the router knows them (``prompts``); None: text only."""
         ...
 
     @property
@@ -87,6 +93,8 @@ class PolicyContext:
     role: str
     """The policy slot: regular, prefill or decode (the ``role`` label of its metrics)."""
     rng: random.Random
+    events: EventIndexes | None = None
+    """The workers matched by their engines' KV events, when the router subscribes to any."""
 
 
 class Policy:

@@ -114,6 +114,12 @@ class CacheAwarePolicy(Policy):
         self._served = {w.url for w in workers}
         self._held = {url: keys for url, keys in self._held.items() if url in self._served}
         self._own = {url: index for url, index in self._own.items() if url in self._served}
+        events = self.ctx.events
+        if events is not None:
+            for w in workers:
+                index = events.index_of(w.url)
+                if index is not None and self._own.get(w.url) is not index:
+                    self.attach_index(w.url, index)
         for w in workers:
             wanted.setdefault(w.model_id or "", set()).add(w.url)  # "": the workers of a model not known yet
         for model in wanted:
@@ -161,8 +167,8 @@ class CacheAwarePolicy(Policy):
         if not self._own:  # every worker's index is the tree: match and insert in one descent
             tree.match_and_insert(text, choose)
         else:
-            url = choose(deepest(text, self._indexes(tree, workers)))
-            self._index_of(tree, url).insert(text, url)
+            url = choose(deepest(text, req.tokens, self._indexes(tree, workers)))
+            self._index_of(tree, url).insert(text, url, req.tokens)
         assert decision is not None  # match_and_insert always asks
         self._hold(decision.worker.url, key)
         return decision
@@ -170,8 +176,8 @@ class CacheAwarePolicy(Policy):
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
         """A session key chose ``worker``: the engine will cache the prompt there, so the index says so."""
         index = self._index_of(self._tree(req.model), worker.url)
-        held = index.match(req.text)
-        index.insert(req.text, worker.url)
+        held = index.match(req.text, req.tokens)
+        index.insert(req.text, worker.url, req.tokens)
         key_text = self._key_text(req.text, req.head)
         self._hold(worker.url, placement_key(key_text, self.ctx.settings.placement_prefix_chars))
         matched = held.matched_chars if worker.url in held.tenants else 0

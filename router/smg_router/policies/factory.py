@@ -12,6 +12,7 @@ import random
 from smg_router.metrics import Metrics
 from smg_router.policies.base import Policy, PolicyContext
 from smg_router.policies.cache_aware import CacheAwarePolicy
+from smg_router.policies.index import EventIndexes
 from smg_router.policies.simple import LeastLoadPolicy, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
 from smg_router.policy_names import POLICY_NAMES, canonical_name
 from smg_router.settings import PolicySettings
@@ -31,7 +32,9 @@ class PolicyFactory:
         loads: LoadView,
         metrics: Metrics,
         seed: int | None = None,
+        events: EventIndexes | None = None,
     ) -> None:
+        self._events = events
         self._settings = settings
         self._loads = loads
         self._metrics = metrics
@@ -45,5 +48,6 @@ class PolicyFactory:
             metrics=self._metrics,
             role=role,
             rng=self._rng,
+            events=self._events,
         )
         return cls(ctx)

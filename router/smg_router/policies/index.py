@@ -9,23 +9,26 @@ deepest match.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from smg_router.tree import Match
+from smg_router.tree.blocks import BlockIndex
 
 NO_MATCH = Match(0, frozenset())
 
 
 class CacheIndex(Protocol):
-    """One model's prompts as a set of workers (tenants, by URL) hold them."""
+    """One model's prompts as a set of workers (tenants, by URL) hold them.  A prompt is its routing text and,
+    when the router knows them, the token ids of the engine's prompt (``prompts``): an index keys one or the other."""
 
-    def match(self, text: str) -> Match:
-        """The longest prefix of ``text`` any tenant holds, and the tenants that hold all of it."""
+    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
+        """The longest prefix of the prompt any tenant holds (in chars of ``text``), and the tenants that hold all
+        of it."""
         ...
 
-    def insert(self, text: str, tenant: str) -> None:
-        """``text`` was sent to ``tenant``: its engine caches it now (or will, when its prefill is done)."""
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
+        """The prompt was sent to ``tenant``: its engine caches it now (or will, when its prefill is done)."""
         ...
 
     def tenant_size(self, tenant: str) -> int:
@@ -33,13 +36,93 @@ class CacheIndex(Protocol):
         ...
 
 
-def deepest(text: str, indexes: Iterable[CacheIndex]) -> Match:
-    """The deepest match of ``text`` over ``indexes``, with the tenants of every index that match that deep."""
+def deepest(text: str, tokens: Sequence[int] | None, indexes: Iterable[CacheIndex]) -> Match:
+    """The deepest match of the prompt over ``indexes``, with the tenants of every index that match that deep."""
     best = NO_MATCH
     for index in indexes:
-        found = index.match(text)
+        found = index.match(text, tokens)
         if found.matched_chars > best.matched_chars:
             best = found
         elif found.matched_chars and found.matched_chars == best.matched_chars:
             best = Match(best.matched_chars, best.tenants | found.tenants)
     return best
+
+
+class EventIndex:
+    """The workers of one model whose engines publish KV events: what those events say they hold
+    (``tree.blocks.BlockIndex``), behind the seam.
+
+    A match is in tokens; the policy reads chars of the routing text, so the matched share of the prompt's tokens is
+    given as the same share of its text.  A prompt without tokens matches nothing here.  ``insert`` records nothing:
+    the engine's own events will.
+    """
+
+    def __init__(self, blocks: BlockIndex, *, chars_per_token: float) -> None:
+        self.blocks = blocks
+        self._chars_per_token = chars_per_token
+
+    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
+        if not tokens:
+            return NO_MATCH
+        held = self.blocks.match(tokens)
+        if not held:
+            return NO_MATCH
+        deepest = max(held.values())
+        tenants = frozenset(url for url, n in held.items() if n == deepest)
+        return Match(len(text) * min(deepest, len(tokens)) // len(tokens), tenants)
+
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
+        return None
+
+    def tenant_size(self, tenant: str) -> int:
+        """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap)."""
+        tokens = self.blocks.blocks_of(tenant) * self.blocks.block_size_of(tenant)
+        return int(tokens * self._chars_per_token)
+
+
+class EventIndexes:
+    """Which workers are matched by their engines' KV events: one ``BlockIndex`` per model, shared by every policy
+    instance and fed by the subscribers (``kv_events``).  A worker is, once it was given an event source and the
+    router can tokenize its model's prompts (without a prompt's tokens its events could match nothing)."""
+
+    def __init__(self, *, budget_bytes: int, chars_per_token: float, tokenized: frozenset[str] = frozenset()) -> None:
+        self._budget = budget_bytes
+        self._chars_per_token = chars_per_token
+        self.tokenized = tokenized
+        """Models whose prompts the router tokenizes (``--tokenizer``)."""
+        self._models: dict[str, EventIndex] = {}
+        self._workers: dict[str, str] = {}
+        """worker url -> model, of the workers given an event source"""
+
+    def blocks(self, model: str) -> BlockIndex:
+        """The model's block index (made on first use)."""
+        return self._index(model).blocks
+
+    def _index(self, model: str) -> EventIndex:
+        found = self._models.get(model)
+        if found is None:
+            found = self._models[model] = EventIndex(
+                BlockIndex(budget_bytes=self._budget), chars_per_token=self._chars_per_token
+            )
+        return found
+
+    def publishes(self, worker_url: str, model: str) -> None:
+        """The worker's engine publishes KV events (a subscriber applies them to ``blocks(model)``)."""
+        self._workers[worker_url] = model
+        self._index(model)
+
+    def forget(self, worker_url: str) -> None:
+        """The worker left, or its events stopped: what they said goes with it."""
+        model = self._workers.pop(worker_url, None)
+        if model is not None:
+            self._models[model].blocks.cleared(worker_url)
+
+    def index_of(self, worker_url: str) -> CacheIndex | None:
+        """The worker's own index when it is matched by events, else None (the approximate tree)."""
+        model = self._workers.get(worker_url)
+        if model is None or model not in self.tokenized:
+            return None
+        return self._models[model]
+
+    def models(self) -> dict[str, BlockIndex]:
+        return {model: index.blocks for model, index in self._models.items()}

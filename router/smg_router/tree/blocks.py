@@ -176,6 +176,10 @@ class BlockIndex:
         w = self._workers.get(worker)
         return 0 if w is None else len(w.blocks)
 
+    def block_size_of(self, worker: str) -> int:
+        w = self._workers.get(worker)
+        return 0 if w is None else w.block_size
+
     def workers(self) -> list[str]:
         return list(self._workers)
 

@@ -65,7 +65,7 @@ few ms at worst); all at once, evict_tenant takes 4.1 s and remove_tenant 1.25 s
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from ._node import Node as _Node
@@ -176,14 +176,15 @@ class RadixTree:
         dead = self._dead
         return any(t in dead and _grave_of(node, dead[t]) is not None for t in node.tenants)
 
-    def match(self, text: str) -> Match:
-        """Longest-prefix match of ``text``. Does not modify LRU state."""
+    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
+        """Longest-prefix match of ``text``. Does not modify LRU state.  (``tokens`` are for the indexes of token
+        ids that share the cache index seam with the tree; the tree keys text.)"""
         node, child, pos, k = self._walk(text)
         return self._match_of(node, child, pos, k)
 
     # ------------------------------------------------------------------ insert
 
-    def insert(self, text: str, tenant: str) -> None:
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
         """Record that ``tenant`` holds every prefix of ``text`` and refresh its ticks on the path.
 
         Inserting ``""`` is a no-op (the tenant holds nothing new and is not registered).
