@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from smg_router import wire
@@ -20,14 +21,16 @@ from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.peers import PeerSync
 from smg_router.policies.factory import PolicyFactory
+from smg_router.policies.index import EventIndexes
 from smg_router.policies.registry import PolicyRegistry
+from smg_router.prompts import Tokenizer, TokenizerError
 from smg_router.proxy import Proxy
 from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
 from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
-from smg_router.workers.worker import WorkerSpec
+from smg_router.workers.worker import WorkerSpec, normalize_url
 
 log = logging.getLogger(__name__)
 LOOP_LAG_INTERVAL = 0.25
@@ -54,7 +57,14 @@ class RouterCore:
                 max_body=settings.server.max_payload_size,
             )
         told: Peers = self.peers if self.peers is not None else NO_PEERS
-        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics)
+        self.tokenizers = load_tokenizers(settings.routing.tokenizers)
+        self.events = EventIndexes(
+            budget_bytes=settings.policy.tree_memory_budget,
+            chars_per_token=settings.policy.tree_chars_per_token or 1.0,
+            tokenized=frozenset(self.tokenizers),
+        )
+        """The workers matched by their engines' KV events, and what those say (``policies.index``)."""
+        factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, events=self.events)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
@@ -86,6 +96,7 @@ class RouterCore:
             by_load=self.policies.by_load,  # the non-generative endpoints' choice
             routing=settings.routing,  # session key header, model aliases
             peers=told,  # told every cache-aware route
+            tokenizers=self.tokenizers,  # the prompts whose token ids KV events are matched on
             holds=Holds(  # a burst on a new prefix waits for its first prefill
                 seconds=settings.policy.prefill_hold_seconds,
                 metrics=self.metrics,
@@ -131,6 +142,7 @@ class RouterCore:
         await self.upstream.start()
         await self.fleet.start()
         model = self.settings.model_id
+        events = {url: (endpoint, replay) for url, endpoint, replay in self.settings.routing.kv_events}
         specs: list[dict[str, object]] = [{"url": url, "model_id": model} for url in self.settings.worker_urls]
         specs += [
             {"url": url, "role": "prefill", "model_id": model, "bootstrap_port": port}
@@ -138,6 +150,9 @@ class RouterCore:
         ]
         specs += [{"url": url, "role": "decode", "model_id": model} for url in self.settings.pd.decode]
         for spec in specs:  # the health checker's first round probes them
+            where = events.get(normalize_url(spec["url"]))
+            if where is not None:
+                spec["kv_events"] = {"endpoint": where[0], "replay_endpoint": where[1]}
             await self.fleet.register(WorkerSpec.from_json(spec), probe=False)
         self._spawn("smg-health-checker", self.fleet.health.run())
         self._spawn("smg-load-monitor", self.fleet.load_monitor.run())
@@ -201,3 +216,15 @@ class Request(wire.Request):
 
 
 Handler = Callable[[Request], Awaitable[wire.Response]]
+
+
+def load_tokenizers(paths: Sequence[tuple[str, str]]) -> dict[str, Tokenizer]:
+    """Each ``--tokenizer MODEL=PATH``, loaded; a router that cannot load one does not start (SystemExit naming it)."""
+    loaded = {}
+    for model, path in paths:
+        try:
+            loaded[model] = Tokenizer(Path(path))
+        except TokenizerError as e:
+            raise SystemExit(f"--tokenizer {model}={path}: {e}") from None
+        log.info("model %s: prompts tokenized with %s", model, path)
+    return loaded

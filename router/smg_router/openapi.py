@@ -263,6 +263,22 @@ SCHEMAS: dict[str, Schema] = {
                     "or reports more than it keeps for the cache.  Absent or null: the engine's report, if any.",
                 }
             ),
+            "kv_events": _nullable(
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["endpoint"],
+                    "properties": {
+                        "endpoint": {"type": "string", "pattern": "^tcp://"},
+                        "replay_endpoint": _nullable({"type": "string", "pattern": "^tcp://"}),
+                        "topic": _nullable({"type": "string"}),
+                    },
+                    "description": "Where the worker's engine publishes its KV events (a ZMQ PUB socket, "
+                    "`tcp://HOST:PORT`) and replays them (its ROUTER socket, optional); `topic` filters the stream. "
+                    "With a `--tokenizer` for the worker's model, the router matches prompts on what the events say "
+                    "the engine caches.  Absent or null: none (the router's tree).",
+                }
+            ),
             "draining": {"description": "Ignored here; PATCH sets it."},
         },
     },
@@ -290,6 +306,7 @@ SCHEMAS: dict[str, Schema] = {
             "priority",
             "owner",
             "kv_capacity_tokens",
+            "kv_events",
             "status",
             "routable",
             "breaker",
@@ -305,6 +322,7 @@ SCHEMAS: dict[str, Schema] = {
             "priority": {"type": "integer"},
             "owner": {"type": "string"},
             "kv_capacity_tokens": _nullable({"type": "integer"}),
+            "kv_events": _nullable({"type": "object"}),
             "status": {"type": "string", "enum": ["pending", "ready", "not_ready", "draining", "failed"]},
             "routable": {"type": "boolean"},
             "breaker": {"type": "string"},

@@ -1,7 +1,7 @@
 """The token ids of the prompt an engine will run for a request: what an index of its KV events is matched on.
 
 Engines say what they cache in token ids, so the router needs the request's own: from a gateway in front
-(the ``x-smg-routing-tokens`` header: a JSON list of ids), else from the model's tokenizer (``--tokenizer
+(the ``x-smg-routing-tokens`` header, ``request.apply_routing_headers``), else from the model's tokenizer (``--tokenizer
 MODEL=PATH``: a directory with the HuggingFace ``tokenizer.json`` and, for chats, the ``chat_template`` of its
 ``tokenizer_config.json``, rendered with Jinja as the engines render it), else from ``/generate``'s own
 ``input_ids``.  Without any of them the request has no tokens, and its model's workers are matched by the router's
@@ -17,12 +17,7 @@ from typing import Any
 
 import jinja2
 import jinja2.sandbox
-import orjson
 import tokenizers
-
-TOKENS_HEADER = "x-smg-routing-tokens"
-MAX_HEADER_TOKENS = 1 << 20
-"""More token ids than any prompt has: a header with more is refused."""
 
 
 class TokenizerError(ValueError):
@@ -80,19 +75,6 @@ def _token_text(value: object) -> str:
     if isinstance(value, dict):  # an AddedToken written out
         value = value.get("content")
     return value if isinstance(value, str) else ""
-
-
-def header_tokens(value: str) -> list[int]:
-    """The ids a gateway sent in ``x-smg-routing-tokens``; ValueError naming what is wrong."""
-    try:
-        ids = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        raise ValueError(f"{TOKENS_HEADER} must be a JSON list of token ids") from None
-    if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
-        raise ValueError(f"{TOKENS_HEADER} must be a JSON list of non-negative token ids")
-    if len(ids) > MAX_HEADER_TOKENS:
-        raise ValueError(f"{TOKENS_HEADER} has more than {MAX_HEADER_TOKENS} ids")
-    return ids
 
 
 def prompt_tokens(kind: str, body: Mapping[str, Any], tokenizer: Tokenizer | None) -> list[int] | None:

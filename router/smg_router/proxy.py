@@ -36,8 +36,9 @@ from smg_router.metrics import Metrics
 from smg_router.pd import PDDispatcher, pd_dispatcher
 from smg_router.policies.base import Policy
 from smg_router.policies.registry import PolicyRegistry
+from smg_router.prompts import Tokenizer, prompt_tokens
 from smg_router.relay import RESPONSES, Relay
-from smg_router.request import PD_ENDPOINTS, ProxyRequest, apply_routing_headers
+from smg_router.request import KIND_OF, PD_ENDPOINTS, ProxyRequest, apply_routing_headers
 from smg_router.response_ids import ResponseIds
 from smg_router.retry import RetryLoop
 from smg_router.settings import RetrySettings, RoutingSettings
@@ -59,8 +60,11 @@ class Proxy:
         routing: RoutingSettings | None = None,
         holds: Holds | None = None,
         peers: Peers = NO_PEERS,
+        tokenizers: Mapping[str, Tokenizer] | None = None,
     ) -> None:
         self._registry = registry
+        self._tokenizers: Mapping[str, Tokenizer] = tokenizers or {}
+        """Model -> its tokenizer (``--tokenizer``): the prompts whose token ids the router computes."""
         self._routing = routing or RoutingSettings()
         self.aliases: Mapping[str, str] = dict(self._routing.model_aliases)
         """Public model name → the served name it routes to (``--model-alias``); ``/v1/models`` lists them too."""
@@ -95,6 +99,10 @@ class Proxy:
         req.model = self.resolve_model(req.requested_model)
         self._apply_alias(req)
         apply_routing_headers(req, request.headers, self._routing.key_header)
+        if req.tokens is None and (tokenizer := self._tokenizers.get(req.model)) is not None:
+            kind = KIND_OF.get(req.endpoint)
+            if kind is not None:
+                req.tokens = prompt_tokens(kind, req.body, tokenizer)
         if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
             req.routing_key = prev  # the stored response is on one worker: before any session key
             req.worker_hint = self.response_ids.worker_of(prev)

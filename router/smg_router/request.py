@@ -40,6 +40,7 @@ from smg_router.upload import StreamedUpload
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 """Request kind → the endpoint path it arrives on and is forwarded to."""
+KIND_OF = {path: kind for kind, path in ENDPOINTS.items()}
 RETRY_AFTER_S = 1
 FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
@@ -376,13 +377,29 @@ MAX_TOKEN_ID = 2**29 - 1
 
 def routing_tokens_text(value: str) -> str:
     """The routing text of a routing tokens header; a 400 naming the header when it is malformed or too long."""
+    return tokens_text(routing_token_ids(value))
+
+
+def tokens_text(ids: list[int]) -> str:
+    """Token ids as routing text (``TOKEN_BASE``)."""
+    chars = []
+    for i in ids:
+        if i < _ONE_CHAR:
+            chars.append(chr(TOKEN_BASE + i))
+        else:
+            chars.append(chr(0x10F000 + (i >> 17)) + chr(TOKEN_BASE + (i & 0x1FFFF)))
+    return "".join(chars)
+
+
+def routing_token_ids(value: str) -> list[int]:
+    """The ids of a routing tokens header; a 400 naming the header when it is malformed or too long."""
     parts = value.split(",")
     if len(parts) > MAX_ROUTING_TOKENS:
         raise BadRequest(
             f"{ROUTING_TOKENS_HEADER} carries {len(parts)} token ids, more than {MAX_ROUTING_TOKENS}",
             code="invalid_header",
         )
-    chars = []
+    ids = []
     for p in parts:
         p = p.strip()
         if not p.isascii() or not p.isdigit() or int(p) > MAX_TOKEN_ID:
@@ -391,12 +408,8 @@ def routing_tokens_text(value: str) -> str:
                 f"got {p[:32]!r}",
                 code="invalid_header",
             )
-        i = int(p)
-        if i < _ONE_CHAR:
-            chars.append(chr(TOKEN_BASE + i))
-        else:
-            chars.append(chr(0x10F000 + (i >> 17)) + chr(TOKEN_BASE + (i & 0x1FFFF)))
-    return "".join(chars)
+        ids.append(int(p))
+    return ids
 
 
 def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_header: str) -> None:
@@ -406,10 +419,11 @@ def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_hea
         req.routing_key = key
         req.headers[key_header] = key
     if (tokens := headers.get(ROUTING_TOKENS_HEADER)) is not None:
-        text = routing_tokens_text(tokens)
+        ids = routing_token_ids(tokens)
         if not req.by_load:  # a by-load endpoint has no routing text to replace (still checked: a 400 is a 400)
-            req.text = cache_namespace(req.body) + text
+            req.text = cache_namespace(req.body) + tokens_text(ids)
             req.head = 0  # ids carry no conversation structure the router can see
+            req.tokens = ids
 
 
 class Admission:

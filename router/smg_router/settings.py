@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from smg_router.policy_names import POLICY_NAMES, canonical_name
-from smg_router.workers.worker import SpecError, normalize_url
+from smg_router.workers.worker import KvEventsSpec, SpecError, normalize_url
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +172,11 @@ class RoutingSettings:
     model_aliases: tuple[tuple[str, str], ...] = ()
     """(public name, served name) pairs: a request for the public name routes to the workers of the served one,
     and the body forwarded names the served model.  Chains are resolved here; cycles are refused."""
+    tokenizers: tuple[tuple[str, str], ...] = ()
+    """(model, path of its tokenizer.json or of the folder holding it and tokenizer_config.json): the router
+    tokenizes that model's prompts, so its workers' KV events can be matched (``prompts``)."""
+    kv_events: tuple[tuple[str, str, str | None], ...] = ()
+    """(worker url, KV events endpoint, replay endpoint or None) of workers registered at start."""
 
 
 def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -374,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(serving, "--model-id", None, help="model served by --worker-urls (default: ask each worker)")
     serving.add_argument(
+        "--kv-events",
+        action="append",
+        metavar="WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT]",
+        default=_semis(_env("kv-events", "")),
+        help="where a worker given at start publishes its KV events (tcp://HOST:PORT) and replays them; repeatable "
+        "(SMG_KV_EVENTS: semicolon separated)",
+    )
+    serving.add_argument(
         "--model-alias",
         action="append",
         metavar="PUBLIC=SERVED",
@@ -407,6 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     routing = p.add_argument_group("routing", "which worker a request goes to: the policy and its cache-aware tree")
     add(routing, "--policy", pol.name, help=f"routing policy: {', '.join(POLICY_NAMES)} (aliases accepted)")
+    routing.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="MODEL=PATH",
+        default=_entries(_env("tokenizer", "")),
+        help="a model's tokenizer (tokenizer.json, or its folder with tokenizer_config.json's chat template): its "
+        "prompts are tokenized, so its workers' KV events can be matched; repeatable (SMG_TOKENIZER: comma separated)",
+    )
     add(
         routing,
         "--routing-key-header",
@@ -708,6 +729,10 @@ def _entries(raw: object) -> list[str]:
     return [e.strip() for e in str(raw).split(",") if e.strip()]
 
 
+def _semis(raw: object) -> list[str]:
+    return [e.strip() for e in str(raw).split(";") if e.strip()]
+
+
 def _split(raw: object) -> list[str]:
     return [u for u in str(raw).replace(",", " ").split() if u]
 
@@ -795,6 +820,24 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         aliases = resolve_aliases(pairs, a.model_id)
     except ValueError as e:
         parser.error(f"--model-alias: {e}")
+    tokenizers = []
+    for entry in a.tokenizer:
+        model, eq, path = (x.strip() for x in entry.partition("="))
+        if not eq or not model or not path:
+            parser.error(f"--tokenizer takes MODEL=PATH, got {entry!r}")
+        tokenizers.append((model, path))
+    kv_events = []
+    for entry in a.kv_events:
+        url, eq, where = (x.strip() for x in entry.partition("="))
+        endpoint, _, replay = (x.strip() for x in where.partition(","))
+        if not eq:
+            parser.error(f"--kv-events takes WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT], got {entry!r}")
+        try:
+            spec = KvEventsSpec.from_json({"endpoint": endpoint, "replay_endpoint": replay or None})
+            url = normalize_url(url)
+        except SpecError as e:
+            parser.error(f"--kv-events {entry!r}: {e}")
+        kv_events.append((url, spec.endpoint, spec.replay_endpoint))
     peers: list[str] = []
     for url in a.peer:
         try:
@@ -810,7 +853,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     return Settings(
         process=ProcessSettings(count=a.processes, dir=a.processes_dir or None, index=a.process_index),
         peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None, ready_grace=a.peers_ready_grace),
-        routing=RoutingSettings(key_header=a.routing_key_header.strip().lower(), model_aliases=aliases),
+        routing=RoutingSettings(
+            key_header=a.routing_key_header.strip().lower(),
+            model_aliases=aliases,
+            tokenizers=tuple(tokenizers),
+            kv_events=tuple(kv_events),
+        ),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -58,6 +59,46 @@ def worker_id_for(url: str) -> str:
     return "w-" + hashlib.sha1(url.encode()).hexdigest()[:12]
 
 
+ZMQ_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+"""Where an engine publishes its KV events: ``tcp://HOST:PORT``, as vLLM and SGLang bind them."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvEventsSpec:
+    """Where a worker's engine publishes what its KV cache stores and evicts (its KV events), and where it replays
+    them; ``topic`` filters the stream (vLLM's ``topic``, "" for all)."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+    @classmethod
+    def from_json(cls, data: object) -> KvEventsSpec:
+        if not isinstance(data, dict):
+            raise SpecError("kv_events", 'must be an object: {"endpoint": "tcp://HOST:PORT", ...}')
+        unknown = sorted(set(data) - {"endpoint", "replay_endpoint", "topic"})
+        if unknown:
+            raise SpecError(f"kv_events.{unknown[0]}", "unknown field (known: endpoint, replay_endpoint, topic)")
+        endpoint = _zmq_endpoint(data.get("endpoint"), "kv_events.endpoint", required=True)
+        assert endpoint is not None
+        replay = _zmq_endpoint(data.get("replay_endpoint"), "kv_events.replay_endpoint", required=False)
+        topic = "" if data.get("topic") is None else data["topic"]
+        if not isinstance(topic, str):
+            raise SpecError("kv_events.topic", "must be a string")
+        return cls(endpoint=endpoint, replay_endpoint=replay, topic=topic)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint, "topic": self.topic}
+
+
+def _zmq_endpoint(value: object, name: str, *, required: bool) -> str | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (m := ZMQ_ENDPOINT.fullmatch(value)) is None or not 0 < int(m[2]) < 65536:
+        raise SpecError(name, f"must be tcp://HOST:PORT, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
     """What a person or the operator registered; compared for idempotent re-registration."""
@@ -72,13 +113,25 @@ class WorkerSpec:
     kv_capacity_tokens: int | None = None
     """The engine's usable KV cache in tokens, as its operator knows it; caps the worker's tree share in place of
     what the engine reports (``CacheAwarePolicy.tenant_cap``).  None: the engine's report, if any."""
+    kv_events: KvEventsSpec | None = None
+    """Where its engine publishes its KV events; None: it publishes none (the router's tree stands in)."""
 
     @classmethod
     def from_json(cls, data: object, *, base: WorkerSpec | None = None) -> WorkerSpec:
         """Validate a registration body; ``base`` supplies defaults (PUT/PATCH). Raises SpecError."""
         if not isinstance(data, dict):
             raise SpecError("body", "must be a JSON object")
-        known = {"url", "role", "model_id", "bootstrap_port", "labels", "priority", "owner", "kv_capacity_tokens"}
+        known = {
+            "url",
+            "role",
+            "model_id",
+            "bootstrap_port",
+            "labels",
+            "priority",
+            "owner",
+            "kv_capacity_tokens",
+            "kv_events",
+        }
         unknown = sorted(set(data) - known - {"draining"})
         if unknown:
             raise SpecError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
@@ -94,6 +147,7 @@ class WorkerSpec:
                 "priority": base.priority,
                 "owner": base.owner,
                 "kv_capacity_tokens": base.kv_capacity_tokens,
+                "kv_events": base.kv_events,
             }
         )
         cur.update({k: v for k, v in data.items() if k in known})
@@ -122,6 +176,9 @@ class WorkerSpec:
         kv = cur.get("kv_capacity_tokens")
         if kv is not None and (not isinstance(kv, int) or isinstance(kv, bool) or kv < 1):
             raise SpecError("kv_capacity_tokens", "must be a positive integer (tokens)")
+        events = cur.get("kv_events")
+        if events is not None and not isinstance(events, KvEventsSpec):
+            events = KvEventsSpec.from_json(events)
         return cls(
             url=url,
             role=role,
@@ -131,6 +188,7 @@ class WorkerSpec:
             priority=priority,
             owner=owner,
             kv_capacity_tokens=kv,
+            kv_events=events,
         )
 
 
@@ -207,6 +265,7 @@ class Worker:
             "priority": s.priority,
             "owner": s.owner,
             "kv_capacity_tokens": s.kv_capacity_tokens,
+            "kv_events": None if s.kv_events is None else s.kv_events.to_json(),
             "status": self.status.value,
             "routable": self.routable,
             "breaker": self.breaker.state.value,

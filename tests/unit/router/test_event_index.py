@@ -86,3 +86,34 @@ def test_without_a_tokenizer_for_the_model_its_workers_stay_on_the_tree() -> Non
     assert first.branch == "miss"  # the events are not read: the worker's index is the tree
     again = policy.decide(workers, request(doc + "b"), NOW)
     assert (again.worker, again.branch) == (first.worker, "hit")  # the tree remembers what was sent
+
+
+def test_where_a_worker_publishes_its_events_is_validated_field_by_field() -> None:
+    import pytest
+    from smg_router.settings import parse_settings
+    from smg_router.workers.worker import SpecError, WorkerSpec
+
+    url = "http://127.0.0.2:8000"
+    spec = WorkerSpec.from_json({"url": url, "kv_events": {"endpoint": "tcp://127.0.0.2:5557"}})
+    assert spec.kv_events is not None and spec.kv_events.to_json() == {
+        "endpoint": "tcp://127.0.0.2:5557",
+        "replay_endpoint": None,
+        "topic": "",
+    }
+    bad = [
+        ("kv_events", "tcp://127.0.0.2:5557"),
+        ("kv_events.endpoint", {"endpoint": "http://127.0.0.2:5557"}),
+        ("kv_events.endpoint", {"endpoint": "tcp://127.0.0.2:99999"}),
+        ("kv_events.endpoint", {"replay_endpoint": "tcp://127.0.0.2:5558"}),
+        ("kv_events.replay_endpoint", {"endpoint": "tcp://h:1", "replay_endpoint": 5558}),
+        ("kv_events.topic", {"endpoint": "tcp://h:1", "topic": 3}),
+        ("kv_events.port", {"endpoint": "tcp://h:1", "port": 3}),
+    ]
+    for field, value in bad:
+        with pytest.raises(SpecError) as e:
+            WorkerSpec.from_json({"url": url, "kv_events": value})
+        assert e.value.field == field, (field, value)
+    s = parse_settings(["--worker-urls", url, "--kv-events", f"{url}/=tcp://127.0.0.2:5557, tcp://127.0.0.2:5558"])
+    assert s.routing.kv_events == ((url, "tcp://127.0.0.2:5557", "tcp://127.0.0.2:5558"),)
+    with pytest.raises(SystemExit):
+        parse_settings(["--kv-events", f"{url}=127.0.0.2:5557"])

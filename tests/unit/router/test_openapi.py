@@ -27,6 +27,7 @@ VALID_VALUES = {
     "priority": 3,
     "owner": "smg-operator",
     "kv_capacity_tokens": 4096,
+    "kv_events": {"endpoint": "tcp://127.0.0.2:5557", "replay_endpoint": "tcp://127.0.0.2:5558", "topic": ""},
     "draining": True,
 }
 
