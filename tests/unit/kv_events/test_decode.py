@@ -274,3 +274,12 @@ _msgpack_values = st.recursive(
 def test_arbitrary_msgpack_values_decode_or_raise_invalid_batch_only(value: object) -> None:
     with contextlib.suppress(InvalidBatch):
         decode_batch(msgspec.msgpack.encode(value))
+
+
+def test_the_package_exports_exactly_its_public_names() -> None:
+    import smg_router.kv_events as package
+
+    expected = {"KINDS", "Cleared", "Counts", "Event", "EventBatch", "InvalidBatch", "Removed", "Stored", "Subscriber"}
+    assert set(package.__all__) == expected | {"decode_batch"}
+    assert len(package.__all__) == len(set(package.__all__))
+    assert all(hasattr(package, name) for name in package.__all__)
