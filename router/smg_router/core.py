@@ -69,7 +69,12 @@ class RouterCore:
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
         self.fleet = Fleet(
-            settings=settings, registry=self.registry, policies=self.policies, loads=self.loads, metrics=self.metrics
+            settings=settings,
+            registry=self.registry,
+            policies=self.policies,
+            loads=self.loads,
+            metrics=self.metrics,
+            events=self.events,
         )
         self.upstream = Upstream(
             Timeouts(

@@ -422,6 +422,20 @@ class Metrics:
             ("worker", "kind"),
             registry=r,
         )
+        self.kv_events = CounterFamily(
+            "smg_kv_events",
+            "KV events read from the worker's engine, by kind: stored, removed, cleared (blocks' events applied), "
+            "ignored (an event type the router does not know), invalid (a message or payload that could not be read)",
+            ("worker", "kind"),
+            registry=r,
+        )
+        self.kv_events_unsynced = CounterFamily(
+            "smg_kv_events_unsynced",
+            "Times the worker's KV event stream lost batches the replay could not give back (or its engine "
+            "restarted): what the index held for it was dropped, to be learned again from its events",
+            ("worker",),
+            registry=r,
+        )
         self.peer_records_sent = CounterFamily(
             "smg_peer_records_sent",
             "Routes told to a peer router (--peer, --peers-dns), by outcome: sent (acknowledged), failed (the batch "
@@ -460,6 +474,8 @@ class Metrics:
         for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_kv_capacity, self.worker_healthy):
             gauge.remove(worker, role)
         self.worker_poll_errors.remove_by_labels({"worker": worker})
+        self.kv_events.remove_by_labels({"worker": worker})
+        self.kv_events_unsynced.remove_by_labels({"worker": worker})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

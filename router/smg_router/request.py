@@ -421,9 +421,10 @@ def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_hea
     if (tokens := headers.get(ROUTING_TOKENS_HEADER)) is not None:
         ids = routing_token_ids(tokens)
         if not req.by_load:  # a by-load endpoint has no routing text to replace (still checked: a 400 is a 400)
-            req.text = cache_namespace(req.body) + tokens_text(ids)
+            namespace = cache_namespace(req.body)
+            req.text = namespace + tokens_text(ids)
             req.head = 0  # ids carry no conversation structure the router can see
-            req.tokens = ids
+            req.tokens = None if namespace else ids  # the events' namespaces are not matched yet: text only
 
 
 class Admission:

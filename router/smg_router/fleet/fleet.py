@@ -11,10 +11,12 @@ connection that a load poll holds, nor the other way round).  All of them exist 
 from __future__ import annotations
 
 from smg_router.fleet.health import HealthChecker
+from smg_router.fleet.kv_feeds import KvFeeds
 from smg_router.fleet.lifecycle import Lifecycle
 from smg_router.fleet.load_monitor import LoadMonitor
 from smg_router.fleet.probes import ProbeClient
 from smg_router.metrics import Metrics
+from smg_router.policies.index import EventIndexes
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.settings import Settings
 from smg_router.workers.load import LoadView
@@ -31,9 +33,11 @@ class Fleet:
         policies: PolicyRegistry,
         loads: LoadView,
         metrics: Metrics,
+        events: EventIndexes | None = None,
     ) -> None:
+        self.feeds = None if events is None else KvFeeds(events=events, metrics=metrics)
         self.lifecycle = Lifecycle(
-            registry=registry, policies=policies, loads=loads, metrics=metrics, retry=settings.retry
+            registry=registry, policies=policies, loads=loads, metrics=metrics, retry=settings.retry, feeds=self.feeds
         )
         self.health_probes = ProbeClient()
         self.load_probes = ProbeClient()
@@ -52,6 +56,8 @@ class Fleet:
         await self.load_probes.start()
 
     async def close(self) -> None:
+        if self.feeds is not None:
+            await self.feeds.close()
         await self.health_probes.close()
         await self.load_probes.close()
 

@@ -14,6 +14,7 @@ import logging
 import time
 
 from smg_router.errors import BadRequest, Conflict
+from smg_router.fleet.kv_feeds import KvFeeds
 from smg_router.metrics import Metrics
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.settings import RetrySettings
@@ -34,7 +35,10 @@ class Lifecycle:
         loads: LoadView,
         metrics: Metrics,
         retry: RetrySettings,
+        feeds: KvFeeds | None = None,
     ) -> None:
+        self.feeds = feeds
+        """The subscribers to the workers' KV events, kept in step before the policies (which read them)."""
         self.registry = registry
         self.policies = policies
         self.loads = loads
@@ -101,15 +105,20 @@ class Lifecycle:
         if self.registry.get(worker.id) is not worker:
             return drained  # removed meanwhile by a concurrent call
         self.registry.discard(worker)
-        self.policies.sync(self.registry)
+        self._sync()
         self.loads.forget(worker.id)
         self.metrics.forget_worker(worker.url, worker.role)
         self.metrics.lifecycle_events.labels("removed", worker.role).inc()
         log.info("worker removed: %s (drained=%s)", worker.url, drained)
         return drained
 
-    def _changed(self, worker: Worker, event: str) -> None:
+    def _sync(self) -> None:
+        if self.feeds is not None:
+            self.feeds.sync(self.registry)
         self.policies.sync(self.registry)
+
+    def _changed(self, worker: Worker, event: str) -> None:
+        self._sync()
         self.metrics.lifecycle_events.labels(event, worker.role).inc()
         self._publish_health(worker)
 

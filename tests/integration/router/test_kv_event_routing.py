@@ -1,0 +1,112 @@
+"""A router that reads its workers' KV events routes on what their engines say they cache: a prefix stored by
+traffic that never went through it is found, one the engine evicted stops drawing requests at once, and garbage
+on the stream is counted while the router keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import aiohttp
+import msgspec
+from support.procs import MODEL, metric_value, start_router, start_sim, wait_until
+from support.zmq_publisher import EnginePublisher
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+BLOCK = 16
+
+
+def byte_tokenizer(folder: Path) -> Path:
+    """A tokenizer whose ids are the prompt's UTF-8 bytes (ASCII: one id per char), as tokenizer.json."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    table = {c: i for i, c in enumerate(sorted(alphabet, key=lambda c: _byte_of(c)))}
+    tok = Tokenizer(models.BPE(vocab=table, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    assert tok.encode("ab c", add_special_tokens=False).ids == list(b"ab c")
+    return folder
+
+
+def _byte_of(c: str) -> int:
+    """GPT-2's byte-to-unicode table, inverted: printable bytes are themselves, the others shifted past 255."""
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    if ord(c) in visible:
+        return ord(c)
+    rest = [b for b in range(256) if b not in visible]
+    return rest[ord(c) - 256]
+
+
+def stored(tokens: list[int], tag: str) -> bytes:
+    """A vLLM batch (positional, as engines before the map format sent it) storing the full blocks of ``tokens``."""
+    n = len(tokens) // BLOCK
+    hashes = [hash((tag, i)) & 0x7FFFFFFFFFFFFFFF for i in range(n)]
+    event = ["BlockStored", hashes, None, tokens[: n * BLOCK], BLOCK, None, "GPU", None]
+    return msgspec.msgpack.encode([1.0, [event], 0])
+
+
+def removed(tag: str) -> bytes:
+    return msgspec.msgpack.encode([2.0, [["BlockRemoved", [hash((tag, 0)) & 0x7FFFFFFFFFFFFFFF], "GPU"]], 0])
+
+
+async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) -> None:
+    sims = [start_sim(logs) for _ in range(2)]
+    engines = [EnginePublisher(), EnginePublisher()]
+    tokenizer = byte_tokenizer(logs / "tokenizer")
+    args = ["--tokenizer", f"{MODEL}={tokenizer}", "--model-id", MODEL]
+    for sim, engine in zip(sims, engines, strict=True):
+        args += ["--kv-events", f"{sim.url}={engine.endpoint},{engine.replay_endpoint}"]
+    router = start_router(logs, workers=[s.url for s in sims], args=args)
+    try:
+        router.wait_routable(2)
+        await asyncio.gather(*(e.subscribed() for e in engines))
+        doc = f"{uuid.uuid4()} a document someone else sent to this engine " * 8
+        ids = list(doc.encode())
+        by_url = {w["url"]: w["id"] for w in router.workers()}
+        async with aiohttp.ClientSession() as s:
+
+            async def routed(prompt: str) -> str:
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+                async with s.post(router.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return resp.headers["x-smg-worker-id"]
+
+            # found: the second engine says it holds the document, which the router never sent anywhere
+            await engines[1].publish(stored(ids, "one"))
+            await asyncio.to_thread(
+                wait_until,
+                lambda: metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="stored") >= 1,
+                what="the router to apply the stored event",
+            )
+            for i in range(3):
+                assert await routed(doc + f" question {i}?") == by_url[sims[1].url]
+            # evicted there, stored on the first: the very next request follows
+            await engines[1].publish(removed("one"))
+            await engines[0].publish(stored(ids, "zero"))
+            await asyncio.to_thread(
+                wait_until,
+                lambda: (
+                    metric_value(router.metrics(), "smg_kv_events_total", worker=sims[0].url, kind="stored") >= 1
+                    and metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="removed") >= 1
+                ),
+                what="the router to apply the removal and the new store",
+            )
+            assert await routed(doc + " question 4?") == by_url[sims[0].url]
+            # garbage on a stream is counted and skipped; routing goes on
+            for _ in range(50):
+                await engines[0].publish(b"\xc1 not msgpack")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: metric_value(router.metrics(), "smg_kv_events_total", worker=sims[0].url, kind="invalid") >= 50,
+                what="the invalid payloads counted",
+            )
+            assert await routed(doc + " question 5?") in by_url.values()
+            events = {w["url"]: w["kv_events"] for w in router.workers()}
+            assert events[sims[0].url]["endpoint"] == engines[0].endpoint
+    finally:
+        router.stop()
+        for sim in sims:
+            sim.stop()
+        for engine in engines:
+            await engine.close()
