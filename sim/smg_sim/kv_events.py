@@ -19,10 +19,12 @@ default are absent):
   ``vllm/distributed/kv_events.py`` at 0181ea3173e53eea8cf04a86891488e3dc89bb34 (``BlockStored``:
   block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx,
   kv_cache_spec_kind; ``BlockRemoved``: block_hashes, medium, group_idx), filled as a full-attention model's
-  block pool fills them (medium ``"GPU"``, ``extra_keys`` one ``None`` per block, group 0).  Replay frames
+  block pool fills them (medium ``"GPU"``, ``extra_keys`` one ``None`` per block, group 0, no sliding window:
+  absent from the map).  Replay frames
   carry the topic, ``[topic, seq, payload]`` (vLLM PR #45177, in v0.26.0).
 * ``vllm-array``: the same fields as tagged positional arrays ``["BlockStored", ...]`` (msgspec
-  ``array_like=True``, vLLM before #42892, e.g. v0.23.0); replay frames ``[seq, payload]`` (before #45177).
+  ``array_like=True``, vLLM before #42892, e.g. v0.23.0), every field present (msgspec ignores
+  ``omit_defaults`` on arrays: 12 elements for ``BlockStored``); replay frames ``[seq, payload]`` (before #45177).
 * ``sglang``: SGLang after PR #37482 (events as maps tagged ``"type"``, ``omit_defaults``; the batch
   ``[ts, events, attn_dp_rank]`` positional): ``BlockStored`` block_hashes, parent_block_hash, token_ids,
   block_size, lora_id, medium (``cache_salt``/``session_id`` absent: the sim has neither).
@@ -82,6 +84,7 @@ def _vllm_fields(event: KvEvent) -> tuple[str, list[tuple[str, Any]]]:
             ("extra_keys", [None] * len(event.block_hashes)),
             ("group_idx", 0),
             ("kv_cache_spec_kind", "full_attention"),
+            ("kv_cache_spec_sliding_window", None),
         ]
     if isinstance(event, Removed):
         return "BlockRemoved", [("block_hashes", list(event.block_hashes)), ("medium", _MEDIUM), ("group_idx", 0)]
@@ -104,11 +107,16 @@ def _sglang_fields(event: KvEvent) -> tuple[str, list[tuple[str, Any]]]:
     return "AllBlocksCleared", []
 
 
+#: Fields the engines' Structs give a default of None: a map (``omit_defaults``) leaves them out when None, an
+#: array (msgspec ignores ``omit_defaults`` with ``array_like``) always holds them.
+_DEFAULT_NONE = frozenset({"extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "medium"})
+
+
 def _wire_event(fmt: KvEventsFormat, event: KvEvent) -> Any:
     tag, fields = (_vllm_fields if fmt.startswith("vllm") else _sglang_fields)(event)
     if fmt.endswith("-array"):
         return [tag, *(value for _, value in fields)]
-    return {"type": tag, **dict(fields)}
+    return {"type": tag, **{name: value for name, value in fields if value is not None or name not in _DEFAULT_NONE}}
 
 
 def encode_batch(fmt: KvEventsFormat, events: list[KvEvent], *, ts: float, rank: int = 0) -> bytes:
