@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .config import DEFAULT_BOOTSTRAP_PORT, ROLES, VLLM_PD_ROLES, SimConfig
+from .config import DEFAULT_BOOTSTRAP_PORT, KV_EVENTS_FORMATS, ROLES, VLLM_PD_ROLES, SimConfig
 from .server import start_sim
 
 log = logging.getLogger("smg_sim")
@@ -82,6 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.room_ttl,
         help="seconds a finished prefill stays readable by a decode (vLLM PD: the abort timeout of held KV)",
     )
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (the KV events' unit)")
+    p.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        help="publish KV events on this ZeroMQ PUB address, e.g. tcp://127.0.0.1:5557 (default: off)",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint",
+        default=None,
+        help="answer replay requests (start seq) on this ZeroMQ ROUTER address, e.g. tcp://127.0.0.1:5558",
+    )
+    p.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of the KV event messages")
+    p.add_argument(
+        "--kv-events-format",
+        choices=KV_EVENTS_FORMATS,
+        default=d.kv_events_format,
+        help="wire format: vllm/sglang (events as tagged maps) or vllm-array/sglang-array (older positional)",
+    )
     p.add_argument(
         "--log-level",
         default=d.log_level,
@@ -115,6 +133,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         log_level=args.log_level,
         bootstrap_timeout=args.bootstrap_timeout,
         room_ttl=args.room_ttl,
+        block_size=args.block_size,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_format=args.kv_events_format,
     )
 
 
@@ -134,6 +157,10 @@ async def serve(config: SimConfig) -> None:
         boot = f", vLLM PD prefill, KV side channel on port {server.state.bootstrap_port}"
     elif config.vllm_pd == "decode":
         boot = ", vLLM PD decode"
+    events = server.state.engine.kv_events
+    if events is not None:
+        replay = f", replay on {events.replay_endpoint}" if events.replay_endpoint else ""
+        boot += f", KV events ({events.fmt}) on {events.endpoint}{replay}"
     log.info(
         "smg-sim serving model %r on %s (role=%s%s, time_scale=%g, max_running=%d, kv_capacity=%d)",
         config.model,

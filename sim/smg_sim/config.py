@@ -17,6 +17,8 @@ Role = Literal["regular", "prefill", "decode"]
 ROLES: tuple[Role, ...] = ("regular", "prefill", "decode")
 VllmPD = Literal["off", "prefill", "decode"]
 VLLM_PD_ROLES: tuple[VllmPD, ...] = ("off", "prefill", "decode")
+KvEventsFormat = Literal["vllm", "vllm-array", "sglang", "sglang-array"]
+KV_EVENTS_FORMATS: tuple[KvEventsFormat, ...] = ("vllm", "vllm-array", "sglang", "sglang-array")
 
 #: Default port of the prefill bootstrap server, the same as SGLang's `--disaggregation-bootstrap-port`.
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -91,6 +93,23 @@ class SimConfig:
     room_ttl: float = 60.0
     """Wall-clock seconds a finished bootstrap room stays fetchable."""
 
+    block_size: int = 16
+    """Tokens per KV block, the unit KV events announce (vLLM's default block size)."""
+
+    kv_events_endpoint: str | None = None
+    """ZeroMQ address the KV-event PUB socket binds (``tcp://127.0.0.1:5557``; port ``*``: any free one); None:
+    no events, and no work spent on them."""
+
+    kv_events_replay_endpoint: str | None = None
+    """ZeroMQ address of the replay ROUTER socket (needs ``kv_events_endpoint``); None: no replay."""
+
+    kv_events_topic: str = ""
+    """Topic frame of every KV-event message."""
+
+    kv_events_format: KvEventsFormat = "vllm"
+    """Whose wire format the events take: ``vllm`` (tagged maps), ``vllm-array`` (positional, before vLLM's
+    switch to maps), ``sglang`` (tagged maps) or ``sglang-array`` (positional)."""
+
     def __post_init__(self) -> None:
         problems = list(self._problems())
         if problems:
@@ -131,6 +150,12 @@ class SimConfig:
             yield "crash_after must be >= 1 (or None)"
         if self.bootstrap_timeout <= 0 or self.room_ttl <= 0:
             yield "bootstrap_timeout and room_ttl must be > 0"
+        if self.block_size < 1:
+            yield "block_size must be >= 1"
+        if self.kv_events_format not in KV_EVENTS_FORMATS:
+            yield f"kv_events_format must be one of {KV_EVENTS_FORMATS}, got {self.kv_events_format!r}"
+        if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:
+            yield "kv_events_replay_endpoint needs kv_events_endpoint"
 
     @property
     def effective_bootstrap_port(self) -> int | None:

@@ -27,11 +27,15 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .config import SimConfig
+from .kv_blocks import BlockTracker
 from .kvcache import Pin, PrefixCache
 from .tokens import StopMatcher, encode, prompt_seed, pseudo_text
+
+if TYPE_CHECKING:
+    from .kv_events import KvEventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +194,19 @@ class Engine:
 
     def __init__(self, config: SimConfig) -> None:
         self._config = config
-        self._cache = PrefixCache(config.kv_capacity)
+        self._kv_events: KvEventPublisher | None = None
+        tracker = None
+        if config.kv_events_endpoint is not None:
+            from .kv_events import KvEventPublisher  # zmq is loaded only by a sim that publishes
+
+            self._kv_events = KvEventPublisher(
+                endpoint=config.kv_events_endpoint,
+                replay_endpoint=config.kv_events_replay_endpoint,
+                topic=config.kv_events_topic,
+                fmt=config.kv_events_format,
+            )
+            tracker = BlockTracker(block_size=config.block_size, sink=self._kv_events.add)
+        self._cache = PrefixCache(config.kv_capacity, observer=tracker)
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._wake = asyncio.Event()
@@ -205,8 +221,15 @@ class Engine:
     def cache(self) -> PrefixCache:
         return self._cache
 
+    @property
+    def kv_events(self) -> KvEventPublisher | None:
+        """The KV-event publisher (``--kv-events-endpoint``), None when events are off."""
+        return self._kv_events
+
     def start(self) -> None:
-        """Start the scheduler task."""
+        """Start the scheduler task (and bind the KV-event sockets)."""
+        if self._kv_events is not None and self._task is None:
+            self._kv_events.start()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="smg-sim-scheduler")
             self._task.add_done_callback(_log_crash)
@@ -221,6 +244,8 @@ class Engine:
         for seq in [*self._waiting, *self._running]:
             self._finish(seq, FinishReason("abort"), "", cache_output=False)
         self._waiting.clear()
+        if self._kv_events is not None:
+            await self._kv_events.stop()
 
     def request(self, req: EngineRequest) -> RequestHandle:
         """A handle to use as `async with engine.request(req) as h: async for out in h: ...`."""

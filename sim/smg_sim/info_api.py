@@ -6,12 +6,17 @@ These are what a router polls (health checks, /v1/loads, /metrics) and what disc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from aiohttp import web
 
 from .errors import ApiError, json_response
 from .metrics import loads_report, prometheus_text
 from .state import STATE_KEY
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .kv_events import KvEventPublisher
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -48,9 +53,24 @@ async def server_info(request: web.Request) -> web.Response:
             "version": __version__,
             "engine": "smg-sim",
             "sim_config": cfg.as_dict(),
+            "kv_events": _kv_events(state.engine.kv_events, block_size=cfg.block_size),
             "internal_states": [{"cache_tokens": stats.cached_tokens_in_tree, "requests_total": stats.requests_total}],
         }
     )
+
+
+def _kv_events(publisher: KvEventPublisher | None, *, block_size: int) -> dict[str, Any] | None:
+    """Where the KV events are (the bound addresses), as SGLang's /server_info tells its router."""
+    if publisher is None:
+        return None
+    return {
+        "publisher": "zmq",
+        "endpoint": publisher.endpoint,
+        "replay_endpoint": publisher.replay_endpoint,
+        "topic": publisher.topic,
+        "format": publisher.fmt,
+        "block_size": block_size,
+    }
 
 
 async def loads(request: web.Request) -> web.Response:
@@ -68,3 +88,9 @@ async def flush_cache(request: web.Request) -> web.Response:
     """POST /flush_cache: empty the prefix cache (as SGLang's endpoint does)."""
     request.app[STATE_KEY].engine.cache.clear()
     return web.Response(text="Cache flushed.\n")
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """POST /reset_prefix_cache: vLLM's name for the same (an empty 200 answer, as vLLM's)."""
+    request.app[STATE_KEY].engine.cache.clear()
+    return web.Response()

@@ -13,6 +13,10 @@ front of the sim measures it too.  Eviction keeps its candidates (unpinned leave
 lives across calls, each change of a node pushing a fresh entry and stale ones skipped when popped, instead of
 walking every node on every eviction (which made a full cache of a few thousand prompts cost milliseconds a
 request); prefixes are compared a slice at a time, not token by token.
+
+What it holds can be watched (``observer``, a `CacheObserver`: the KV-event block tracker): told of every run of
+tokens added to a path, every leaf evicted (with its whole path) and every clear.  Without one the cache does no
+extra work.
 """
 
 from __future__ import annotations
@@ -21,6 +25,20 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class CacheObserver(Protocol):
+    """Told what enters and leaves a `PrefixCache` (called synchronously, inside the cache's own call)."""
+
+    def added(self, path: Sequence[int], start: int) -> None:
+        """``path`` is now cached, of which ``path[start:]`` was not before."""
+
+    def evicted(self, path: Sequence[int], start: int) -> None:
+        """``path[start:]`` left the cache (``path[:start]`` stays)."""
+
+    def cleared(self) -> None:
+        """Everything left the cache."""
 
 
 class _Node:
@@ -70,10 +88,11 @@ first, ties by id; the push number keeps two entries of one node from comparing 
 class PrefixCache:
     """Token radix tree with a capacity in tokens and LRU-leaf eviction."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, observer: CacheObserver | None = None) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
+        self.observer = observer
         self._tick = itertools.count(1)
         self._root = _Node((), None, 0)
         self._size = 0
@@ -174,6 +193,8 @@ class PrefixCache:
                 added = len(tokens) - pos
                 self._size += added
                 self._candidate(leaf)
+                if self.observer is not None:
+                    self.observer.added(tokens, pos)
                 break
             common = _common_len(tokens, pos, child.key)
             if common < len(child.key):
@@ -196,6 +217,9 @@ class PrefixCache:
                 continue  # stale: used, grown, pinned or evicted since it was pushed
             parent = leaf.parent
             assert parent is not None
+            if self.observer is not None:
+                path = self._tokens_to(leaf)
+                self.observer.evicted(path, len(path) - len(leaf.key))
             del parent.children[leaf.key[0]]
             self._size -= len(leaf.key)
             evicted += len(leaf.key)
@@ -224,6 +248,20 @@ class PrefixCache:
         self._locked = 0
         self._generation += 1
         self._heap = []
+        if self.observer is not None:
+            self.observer.cleared()
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """The token path from the root to every leaf: what the cache holds is exactly their prefixes."""
+        return [self._tokens_to(leaf) for leaf in self._leaves()]
+
+    def _tokens_to(self, node: _Node) -> tuple[int, ...]:
+        keys = []
+        walk: _Node | None = node
+        while walk is not None and walk is not self._root:
+            keys.append(walk.key)
+            walk = walk.parent
+        return tuple(t for key in reversed(keys) for t in key)
 
     def _split(self, child: _Node, at: int) -> _Node:
         """Split `child`'s edge after `at` tokens; return the new intermediate node."""

@@ -28,7 +28,7 @@ from . import generation as gen
 from .errors import ApiError, json_response
 from .openai_api import chat_prompt
 from .state import STATE_KEY
-from .tokens import decode, encode, prompt_seed, pseudo_text
+from .tokens import decode, encode, prompt_seed, pseudo_text, token_str
 
 DIMENSIONS = 64
 """Length of every embedding vector."""
@@ -194,7 +194,7 @@ async def tokenize(request: web.Request) -> web.Response:
         raise ApiError(400, "prompt (a string) or messages is required")
     tokens = encode(text)
     answer: dict[str, Any] = {"count": len(tokens), "max_model_len": state.config.kv_capacity, "tokens": tokens}
-    answer["token_strs"] = [chr(t) for t in tokens] if body.get("return_token_strs") else None
+    answer["token_strs"] = [token_str(t) for t in tokens] if body.get("return_token_strs") else None
     return json_response(answer)
 
 

@@ -77,6 +77,7 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     add.add_get("/v1/loads", info_api.loads)
     add.add_get("/metrics", info_api.metrics)
     add.add_post("/flush_cache", info_api.flush_cache)
+    add.add_post("/reset_prefix_cache", info_api.reset_prefix_cache)
     add.add_get("/v1/models", openai_api.models)
     add.add_post("/v1/completions", openai_api.completions)
     add.add_post("/v1/chat/completions", openai_api.chat_completions)

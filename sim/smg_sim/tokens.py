@@ -1,11 +1,13 @@
-"""Character-level "tokenizer" and deterministic output text of the simulated engine.
+"""Byte-level "tokenizer" and deterministic output text of the simulated engine.
 
-One token is one Unicode character (its code point), so a prompt's length in tokens is its number of
-characters, and any prefix of the text is a prefix of the tokens. That keeps prefix caching exact and
-easy to reason about in tests (a router's cache-aware policy, which works on text, sees the same
-prefixes the engine does). Output is made of characters too: each decode step emits one character of
-a pseudo-text seeded from the prompt, so identical prompts produce identical completions and a
-multi-turn conversation that echoes the previous answer re-hits the cache.
+One token is one byte of the text's UTF-8 encoding (ids 0-255), so ASCII text has one token per character,
+and any prefix of the text is a prefix of the tokens. That keeps prefix caching exact and easy to reason
+about in tests (a router's cache-aware policy, which works on text, sees the same prefixes the engine
+does), and a real tokenizer reproduces it: the ``tokenizer/`` files shipped with the package (written by
+``tokenizer_files``) make HuggingFace ``tokenizers`` give the same ids, so a router that tokenizes, or
+follows the engine's KV events, sees the sim's very tokens. Output is ASCII: each decode step emits one
+character (one token) of a pseudo-text seeded from the prompt, so identical prompts produce identical
+completions and a multi-turn conversation that echoes the previous answer re-hits the cache.
 """
 
 from __future__ import annotations
@@ -60,14 +62,44 @@ _WORDS = (
 )
 
 
+#: What a token outside the byte range decodes to: U+FFFD, as an undecodable byte does.
+_REPLACEMENT = "\ufffd".encode()
+
+
 def encode(text: str) -> list[int]:
-    """Tokens of `text`: one per character (its code point)."""
-    return [ord(ch) for ch in text]
+    """Tokens of `text`: its UTF-8 bytes (an unpaired surrogate, which UTF-8 cannot hold, becomes "?")."""
+    return list(text.encode("utf-8", errors="replace"))
 
 
 def decode(tokens: Sequence[int]) -> str:
-    """Inverse of `encode`; tokens outside the Unicode range are shown as U+FFFD."""
-    return "".join(chr(t) if 0 <= t <= 0x10FFFF else "\ufffd" for t in tokens)
+    """Inverse of `encode`; bytes that are not valid UTF-8, and tokens outside 0-255, are shown as U+FFFD."""
+    try:
+        raw = bytes(tokens)
+    except ValueError:
+        raw = b"".join(bytes((t,)) if 0 <= t <= 255 else _REPLACEMENT for t in tokens)
+    return raw.decode("utf-8", errors="replace")
+
+
+def _byte_symbols() -> tuple[str, ...]:
+    """GPT-2's byte-to-character table (HF's ``bytes_to_unicode``): printable Latin-1 bytes stand for
+    themselves, the others for U+0100 onwards, so every byte has a visible one-character name."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols: dict[int, str] = {b: chr(b) for b in printable}
+    extra = 256
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = chr(extra)
+            extra += 1
+    return tuple(symbols[b] for b in range(256))
+
+
+#: The name of each token as a byte-level tokenizer spells it (`tokenizer.json`'s vocabulary, vLLM's token_strs).
+BYTE_SYMBOLS = _byte_symbols()
+
+
+def token_str(token: int) -> str:
+    """What a byte-level tokenizer calls `token` (``convert_ids_to_tokens``), e.g. "Ġ" for a space."""
+    return BYTE_SYMBOLS[token] if 0 <= token <= 255 else "\ufffd"
 
 
 def prompt_seed(tokens: Sequence[int]) -> int:

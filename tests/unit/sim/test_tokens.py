@@ -1,16 +1,34 @@
-"""Unit tests of the character-level tokens, pseudo-text and stop-string matching."""
+"""Unit tests of the byte-level tokens, pseudo-text and stop-string matching."""
 
 from __future__ import annotations
 
 import itertools
 
-from smg_sim.tokens import StopMatcher, decode, encode, prompt_seed, pseudo_text
+from smg_sim.tokens import StopMatcher, decode, encode, prompt_seed, pseudo_text, token_str
 
 
-def test_one_token_per_character_round_trip() -> None:
-    text = "héllo, 世界!"
-    assert len(encode(text)) == len(text)
+def test_ascii_is_one_token_per_character() -> None:
+    text = "hello, world! <|user|>\n"
+    assert encode(text) == [ord(ch) for ch in text]
     assert decode(encode(text)) == text
+
+
+def test_non_ascii_is_one_token_per_utf8_byte_and_round_trips() -> None:
+    text = "héllo, 世界 \U0001f600"
+    assert encode(text) == list(text.encode("utf-8"))
+    assert len(encode("é")) == 2 and len(encode("世")) == 3 and len(encode("\U0001f600")) == 4
+    assert decode(encode(text)) == text
+
+
+def test_undecodable_bytes_and_out_of_range_tokens_decode_as_replacement_characters() -> None:
+    assert decode([0xFF, ord("a")]) == "\ufffda"
+    assert decode([ord("a"), 300, -1, ord("b")]) == "a\ufffd\ufffdb"
+    assert decode(encode("é")[:1]) == "\ufffd"  # half of a character
+
+
+def test_token_strs_are_the_byte_level_symbols() -> None:
+    assert [token_str(t) for t in encode("a b\n")] == ["a", "Ġ", "b", "Ċ"]
+    assert token_str(256) == "\ufffd"
 
 
 def test_pseudo_text_is_deterministic_per_prompt() -> None:
