@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
-from support.procs import MODEL, metric_value, start_router, start_sim, wait_until
+from support.procs import MODEL, Sim, http_json, metric_value, next_host, start_router, start_sim, wait_until
 from support.zmq_publisher import EnginePublisher
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -110,3 +110,73 @@ async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) 
             sim.stop()
         for engine in engines:
             await engine.close()
+
+
+async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_eviction(logs: Path) -> None:
+    """Real publishers: smg-sim engines that cache and evict, and say so in vLLM's format.  A chat sent straight to
+    one engine is found by the router through the engine's shipped tokenizer and chat template; once that engine
+    evicts it, the request goes to the other engine that holds it."""
+    from smg_sim.tokenizer_files import TOKENIZER_DIR
+
+    def events_at(host: str) -> list[str]:
+        return ["--kv-events-endpoint", f"tcp://{host}:*", "--kv-events-replay-endpoint", f"tcp://{host}:*"]
+
+    hosts = [next_host(), next_host()]
+    sims = [start_sim(logs, host=h, extra=[*events_at(h), "--kv-capacity", "3000"]) for h in hosts]
+    router = start_router(logs, args=["--tokenizer", f"{MODEL}={TOKENIZER_DIR}"], admin_key="k")
+    try:
+        for sim in sims:
+            info = http_json("GET", sim.url + "/server_info")[1]["kv_events"]
+            where = {"endpoint": info["endpoint"], "replay_endpoint": info["replay_endpoint"]}
+            status, body = router.admin("POST", "/workers", {"url": sim.url, "model_id": MODEL, "kv_events": where})
+            assert status == 201, body
+        router.wait_routable(2)
+        by_url = {w["url"]: w["id"] for w in router.workers()}
+        doc = f"{uuid.uuid4()} the manual every question of this group shares. " * 12
+
+        def stored_on(sim: Sim) -> float:
+            return metric_value(router.metrics(), "smg_kv_events_total", worker=sim.url, kind="stored")
+
+        async with aiohttp.ClientSession() as s:
+
+            async def chat(url: str, question: str) -> str:
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "system", "content": doc}, {"role": "user", "content": question}],
+                    "max_tokens": 1,
+                }
+                async with s.post(url + "/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return resp.headers.get("x-smg-worker-id", "")
+
+            async def straight_to(sim: Sim, question: str) -> None:
+                """A request the router never sees, until the router has applied the engine's events of it."""
+                before = stored_on(sim)
+                await chat(sim.url, question)
+                await asyncio.to_thread(
+                    wait_until, lambda: stored_on(sim) > before, what=f"the router to hear {sim.url}'s events"
+                )
+
+            await straight_to(sims[1], "first?")
+            for i in range(3):
+                assert await chat(router.url, f"through the router {i}?") == by_url[sims[1].url]
+            await straight_to(sims[0], "also here?")
+            # the second engine fills its cache with other prompts: the manual is evicted there
+            removed_before = metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="removed")
+            for i in range(4):
+                body = {"model": MODEL, "prompt": f"{i} other text " * 90, "max_tokens": 1}
+                async with s.post(sims[1].url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+            await asyncio.to_thread(
+                wait_until,
+                lambda: (
+                    metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="removed")
+                    > removed_before
+                ),
+                what="the router to hear the eviction",
+            )
+            assert await chat(router.url, "after the eviction?") == by_url[sims[0].url]
+    finally:
+        router.stop()
+        for sim in sims:
+            sim.stop()
