@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -39,7 +39,8 @@ RUST_LOAD_MONITOR_S = 10.0
 @dataclass(frozen=True, slots=True)
 class Target:
     """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13);
-    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``; a ``~NAME`` suffix adds the flags
+    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``; ``+events``: every replica reads the
+    workers' KV events and tokenizes with the sim's tokenizer (the sims publish them); a ``~NAME`` suffix adds the flags
     of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one run; a last
     ``@REV`` (smg only, e.g. ``smg:cache_aware+peers~nohold@82e7b8e``) runs smg-router of git revision REV
     (``rev``, kept as written in ``name``; without it: ``--router-commit``, else the working tree)."""
@@ -50,12 +51,14 @@ class Target:
     variant: str = ""
     flags: tuple[str, ...] = ()
     rev: str = ""
+    events: bool = False
 
     @property
     def name(self) -> str:
         return (
             f"{self.kind}:{self.policy}"
             + ("+peers" if self.peers else "")
+            + ("+events" if self.events else "")
             + (f"~{self.variant}" if self.variant else "")
             + (f"@{self.rev}" if self.rev else "")
         )
@@ -66,20 +69,22 @@ class Target:
         text, at, rev = text.partition("@")  # first: REV may hold a ~ (HEAD~1)
         text, tilde, variant = text.partition("~")
         kind, sep, policy = text.partition(":")
-        policy, plus, flag = policy.partition("+")
+        policy, *modifiers = policy.split("+")
         if (
             not sep
             or kind not in ("smg", "rust")
             or not policy
-            or (plus and (flag != "peers" or kind != "smg"))
+            or (modifiers and (kind != "smg" or not set(modifiers) <= {"peers", "events"}))
+            or len(set(modifiers)) != len(modifiers)
             or (at and (not rev or kind != "smg"))
         ):
             raise ValueError(
-                f"target {whole!r}: expected smg:<policy>[+peers][~VARIANT][@REV] or rust:<policy>[~VARIANT]"
+                f"target {whole!r}: expected smg:<policy>[+peers][+events][~VARIANT][@REV] or rust:<policy>[~VARIANT]"
             )
         if tilde and variant not in (variants or {}):
             raise ValueError(f"target {whole}: no --variant {variant}=FLAGS")
-        return cls(kind, policy, bool(plus), variant, tuple((variants or {}).get(variant, ())), rev)
+        flags = tuple((variants or {}).get(variant, ()))
+        return cls(kind, policy, "peers" in modifiers, variant, flags, rev, "events" in modifiers)
 
 
 def parse_variants(specs: Sequence[str]) -> dict[str, list[str]]:
@@ -122,9 +127,12 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
-def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float, fleet_seed: int = 0) -> list[Sim]:
+def start_sims(
+    logs: Path, *, count: int, cost: CostModel, time_scale: float, fleet_seed: int = 0, kv_events: bool = False
+) -> list[Sim]:
     """``count`` smg-sim workers with the cost model's flags, each on its own loopback address
-    (``sim_address``; a busy one falls back to a fresh address and says so)."""
+    (``sim_address``; a busy one falls back to a fresh address and says so); with ``kv_events``, each publishes its
+    KV events (``kv_event_endpoints`` says where)."""
     sims: list[Sim] = []
     try:
         for i in range(count):
@@ -142,6 +150,11 @@ def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float, fl
                     *("--kv-capacity", str(cost.kv_capacity), "--max-running", str(cost.max_running)),
                     *("--prefill-tps", str(cost.prefill_tps), "--decode-step-ms", str(cost.decode_step_ms)),
                     *("--decode-step-ms-per-req", str(cost.decode_step_ms_per_req), "--log-level", "warning"),
+                    *(
+                        ("--kv-events-endpoint", f"tcp://{host}:*", "--kv-events-replay-endpoint", f"tcp://{host}:*")
+                        if kv_events
+                        else ()
+                    ),
                 ),
             )
             name = f"sim-{host}-{port}"
@@ -154,6 +167,16 @@ def start_sims(logs: Path, *, count: int, cost: CostModel, time_scale: float, fl
         stop_all(sims)
         raise
     return sims
+
+
+def kv_event_endpoints(sims: Sequence[Sim]) -> dict[str, tuple[str, str]]:
+    """Worker url -> (KV events endpoint, replay endpoint) of the sims that publish them (their ``/server_info``)."""
+    found = {}
+    for sim in sims:
+        info = http_json("GET", sim.url + "/server_info", timeout=5)[1].get("kv_events")
+        if info:
+            found[sim.url] = (info["endpoint"], info["replay_endpoint"])
+    return found
 
 
 def _healthy(sim: Sim) -> bool:
@@ -216,6 +239,8 @@ class Launch:
     rust_args: Sequence[str] = ()
     rust_bin: str = "/tmp/smg-rust/bin/smg"
     router_pythonpath: Path | None = None
+    kv_events: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Worker url -> where its KV events are (for a ``+events`` target)."""
 
     def argv(self, port: int, peers: Sequence[int] = ()) -> list[str]:
         """The command line of one replica (``peers``: the ports of the others, for a ``+peers`` target).  The
@@ -228,6 +253,7 @@ class Launch:
                 *("--load-monitor-interval", f"{max(0.05, SMG_LOAD_MONITOR_S * self.time_scale):g}"),
                 *("--worker-urls", *self.workers),
                 *(a for p in (peers if t.peers else ()) for a in ("--peer", f"http://127.0.0.1:{p}")),
+                *(self._events_args() if t.events else ()),
                 *self.smg_args,
                 *t.flags,
             ]
@@ -241,6 +267,14 @@ class Launch:
             *self.rust_args,
             *t.flags,
         ]
+
+    def _events_args(self) -> list[str]:
+        from smg_sim.tokenizer_files import TOKENIZER_DIR
+
+        args = ["--tokenizer", f"{MODEL}={TOKENIZER_DIR}"]
+        for url, (endpoint, replay) in self.kv_events.items():
+            args += ["--kv-events", f"{url}={endpoint},{replay}"]
+        return args
 
     def env(self) -> dict[str, str]:
         if self.target.kind == "smg" and self.router_pythonpath is not None:

@@ -42,6 +42,7 @@ from fleet import (  # noqa: E402
     Target,
     TargetCode,
     decision_counts,
+    kv_event_endpoints,
     parse_variants,
     resolve_commit,
     start_replicas,
@@ -233,9 +234,13 @@ def run_workload(
         f"oracle {plan_share:.3f}",
         file=sys.stderr,
     )
-    sims = start_sims(logs, count=a.workers, cost=cost, time_scale=a.time_scale, fleet_seed=a.fleet_seed)
+    events = any(t.events for t in a.targets)
+    sims = start_sims(
+        logs, count=a.workers, cost=cost, time_scale=a.time_scale, fleet_seed=a.fleet_seed, kv_events=events
+    )
     try:
         workers = [s.url for s in sims]
+        endpoints = kv_event_endpoints(sims) if events else {}
         for replicas in a.replicas:
             for load in a.loads:
                 rng = random.Random(f"arrivals:{a.seed}:{name}:{load}")
@@ -253,6 +258,7 @@ def run_workload(
                         rust_args=a.rust_arg,
                         rust_bin=a.rust_bin,
                         router_pythonpath=code[target].pythonpath if target in code else None,
+                        kv_events=endpoints,
                     )
                     _flush(sims)
                     try:
