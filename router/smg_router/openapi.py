@@ -629,7 +629,7 @@ def _paths() -> dict[str, Any]:
                                     "items": {
                                         "type": "array",
                                         "description": "[worker url, leading chars].",
-                                        "prefixItems": [{"type": "string"}, {"type": "string"}],
+                                        "items": {"type": "string"},
                                         "minItems": 2,
                                         "maxItems": 2,
                                     },
