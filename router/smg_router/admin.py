@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from smg_router import wire
+from smg_router.coordination import messages
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
@@ -161,71 +162,30 @@ async def list_workers_compat(request: Request) -> wire.Response:
     return _json({"urls": [w.url for w in _core(request).registry]})
 
 
-# -- peer routers (``peers``) ----------------------------------------------------------------------
-PEER_BODY_LIMIT = 8 * 1024 * 1024
-ROLES = frozenset({"regular", "prefill", "decode"})
-
-
-def _peer_record(i: int, record: object) -> tuple[str, str, str, str, int]:
-    """One ``[role, model, worker url, text, head]`` of a peer's batch, or a 400 naming what is wrong with it."""
-    if not (isinstance(record, list) and len(record) == 5):
-        raise BadRequest(f"records[{i}]: must be [role, model, worker url, text, head]", code="invalid_field")
-    role, model, url, text, head = record
-    if not (isinstance(role, str) and role in ROLES):  # a list or an object cannot even be looked up
-        raise BadRequest(f"records[{i}]: role must be one of {', '.join(sorted(ROLES))}", code="invalid_field")
-    if not (isinstance(model, str) and isinstance(url, str) and isinstance(text, str)):
-        raise BadRequest(f"records[{i}]: model, worker url and text must be strings", code="invalid_field")
-    if not (type(head) is int and 0 <= head <= len(text)):
-        raise BadRequest(f"records[{i}]: head must be an integer from 0 to the text's length", code="invalid_field")
-    return role, model, url, text, head
-
-
-def _peer_prefill(i: int, record: object) -> tuple[str, str, bool]:
-    """One ``[worker url, leading chars, done]`` of a peer's batch, or a 400 naming what is wrong with it."""
-    if not (isinstance(record, list) and len(record) == 3):
-        raise BadRequest(f"prefills[{i}]: must be [worker url, leading chars, done]", code="invalid_field")
-    url, prefix, done = record
-    if not (isinstance(url, str) and isinstance(prefix, str) and prefix):
-        raise BadRequest(f"prefills[{i}]: worker url and leading chars must be non-empty strings", code="invalid_field")
-    if not isinstance(done, bool):
-        raise BadRequest(f"prefills[{i}]: done must be true or false", code="invalid_field")
-    return url, prefix, done
-
-
+# -- peer routers (``coordination``) ---------------------------------------------------------------
 async def peer_routes(request: Request) -> wire.Response:
     """``POST /peers/routes``: what a peer router routed, inserted as if this router had, then the first prefills its
-    requests lead, for this router's holds (``peers``, ``attempt.Holds``).  The whole batch is checked before any of
-    it is applied.  The answer names this router and the starts told that it leads itself (the peer's claim then
+    requests lead, for this router's holds (``coordination.messages`` checks the whole batch before any of it is
+    applied).  The answer names this router and the starts told that it leads itself (the peer's claim then
     yields)."""
     core = _authorize(request)
-    data = parse_json_object(await read_body(request, PEER_BODY_LIMIT))
-    sender, records, told = data.get("from"), data.get("records"), data.get("prefills", [])
-    if not isinstance(sender, str) or not isinstance(records, list) or not isinstance(told, list):
-        raise BadRequest(
-            "a peer batch is {'from': <router id>, 'records': [...], 'prefills': [...] (optional)}",
-            code="invalid_field",
-        )
-    if core.peers is not None and sender == core.peers.id:
-        return _json({"self": True})
-    batch = [_peer_record(i, r) for i, r in enumerate(records)]
-    prefills = [_peer_prefill(i, r) for i, r in enumerate(told)]
+    data = parse_json_object(await read_body(request, messages.BODY_LIMIT))
+    own = core.peers.id if core.peers is not None else None
+    batch = messages.decode_batch(data, own=own)
+    if batch is None:
+        return _json(messages.SELF)
     applied = 0
-    for role, model, url, text, head in batch:
+    for role, model, url, text, head in batch.records:
         applied += core.policies.policy_for(role, model).observe(model, url, text, head)
-    holds = core.proxy.holds
-    holds.heard(sender)  # every batch, the heartbeat too: the sender's leads stand
-    leads = []
-    for url, prefix, done in prefills:  # a worker this router does not serve is not held behind
-        if core.registry.get(worker_id_for(url)) is not None:
-            applied += holds.observe(url, prefix, done=done, peer=sender)
-            if not done and holds.leads(url, prefix):
-                leads.append([url, prefix])
-    total = len(batch) + len(prefills)
+    told, leads = core.proxy.holds.receive(
+        batch.sender, batch.prefills, serves=lambda url: core.registry.get(worker_id_for(url)) is not None
+    )
+    applied += told
+    total = len(batch.records) + len(batch.prefills)
     m = core.metrics.peer_records_received
     m.labels("applied").inc(applied)
     m.labels("ignored").inc(total - applied)
-    own = core.peers.id if core.peers is not None else ""
-    return _json({"applied": applied, "ignored": total - applied, "id": own, "leads": leads})
+    return _json(messages.encode_answer(applied=applied, ignored=total - applied, own=own or "", leads=leads))
 
 
 MUTATIONS = frozenset(

@@ -32,6 +32,7 @@ from urllib.parse import quote
 import aiohttp
 
 from smg_router import admin, handlers
+from smg_router.coordination import messages
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import NotFound, RouterError, error_response
 from smg_router.http_io import read_body
@@ -171,7 +172,7 @@ class Parent:
 
     async def forward(self, request: Request) -> Response:
         """The request as the parent answers it (its body read here first, up to the peers' batch limit)."""
-        body = await read_body(request, admin.PEER_BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
+        body = await read_body(request, messages.BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self._path), timeout=aiohttp.ClientTimeout(total=None)

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from smg_router import wire
-from smg_router.attempt import NO_PEERS, Holds, Peers
+from smg_router.coordination import NO_PEERS, Holds, Peers, PeerSync
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
-from smg_router.peers import PeerSync
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.index import EventIndexes
 from smg_router.policies.registry import PolicyRegistry

@@ -634,12 +634,24 @@ def _paths() -> dict[str, Any]:
                 "requestBody": _body(_ref("PeerRoutes")),
                 "responses": {
                     **_ok(
-                        "Taken in: how many records were applied and ignored (or self: the sender is this router)",
+                        "Taken in: how many records were applied and ignored, this router's id and the starts told "
+                        "that it leads itself (a claim on one of them yields); or self: the sender is this router",
                         {
                             "type": "object",
                             "properties": {
                                 "applied": {"type": "integer", "minimum": 0},
                                 "ignored": {"type": "integer", "minimum": 0},
+                                "id": {"type": "string"},
+                                "leads": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "array",
+                                        "description": "[worker url, leading chars].",
+                                        "items": {"type": "string"},
+                                        "minItems": 2,
+                                        "maxItems": 2,
+                                    },
+                                },
                                 "self": {"type": "boolean"},
                             },
                         },

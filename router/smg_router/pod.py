@@ -28,7 +28,6 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -36,6 +35,7 @@ import orjson
 
 from smg_router import admin, wire
 from smg_router.app import POD_SOCKET, child_socket
+from smg_router.coordination import messages
 from smg_router.errors import NotFound, RouterError, error_response
 from smg_router.http_io import read_body
 from smg_router.metrics import CONTENT_TYPE, merge_expositions
@@ -147,7 +147,7 @@ class Pod:
             request.send_continue()
         if kind == "metrics":
             return await self._metrics()
-        body = await read_body(request, admin.PEER_BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
+        body = await read_body(request, messages.BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
         headers = {k: v for k in ("Authorization", "Content-Type") if (v := request.headers.get(k)) is not None}
         if kind == "read":
             try:
@@ -219,21 +219,8 @@ class Pod:
 
 
 def _peer_answer(replies: list[tuple[int, bytes, dict[str, str]]]) -> wire.Response:
-    """``POST /peers/routes`` answered for the pod: every process applied the batch; the counts added, the leads of
-    every process (the id: of the first process that leads one of them, else process 0's)."""
-    bodies: list[dict[str, Any]] = [orjson.loads(raw) for _, raw, _ in replies]
-    if any(b.get("self") for b in bodies):
-        return wire.Response(body=orjson.dumps({"self": True}), content_type="application/json")
-    leads: list[Any] = []
-    for b in bodies:
-        leads += [lead for lead in b.get("leads", []) if lead not in leads]
-    leader = next((b for b in bodies if b.get("leads")), bodies[0])
-    merged = {
-        "applied": sum(b.get("applied", 0) for b in bodies),
-        "ignored": sum(b.get("ignored", 0) for b in bodies),
-        "id": leader.get("id", ""),
-        "leads": leads,
-    }
+    """``POST /peers/routes`` answered for the pod: every process applied the batch (``messages.merge_answers``)."""
+    merged = messages.merge_answers([raw for _, raw, _ in replies])
     return wire.Response(body=orjson.dumps(merged), content_type="application/json")
 
 
@@ -269,7 +256,7 @@ async def supervise(settings: Settings, argv: Sequence[str]) -> int:
             os.unlink(os.path.join(directory, name))  # a previous run's
     children = Children(directory, p.count)
     pod = Pod(settings, children)
-    server = Server(pod, max_body=admin.PEER_BODY_LIMIT, body_timeout=s.body_timeout, closing=lambda: pod.stopping)
+    server = Server(pod, max_body=messages.BODY_LIMIT, body_timeout=s.body_timeout, closing=lambda: pod.stopping)
     await server.listen_unix(os.path.join(directory, POD_SOCKET))
     processes: list[asyncio.subprocess.Process] = []
     stop = asyncio.Event()

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 import orjson
 
 from smg_router import wire
-from smg_router.attempt import NO_PEERS, Attempts, Holds, Peers
+from smg_router.attempt import Attempts
+from smg_router.coordination import NO_PEERS, Holds, Peers
 from smg_router.errors import (
     BadRequest,
     ModelNotFound,
@@ -80,7 +81,8 @@ class Proxy:
             peers=peers,
         )
         self.holds = self._attempts.holds
-        """The bursts waiting for their first prefill (``attempt.Holds``); the peers' leads go in too (``admin``)."""
+        """The bursts waiting for their first prefill (``coordination.Holds``); the peers' leads go in too
+        (``admin``)."""
         self._retries = RetryLoop(attempts=self._attempts, settings=retry, metrics=metrics)
         self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
         self._pd: PDDispatcher | None = None

@@ -10,7 +10,7 @@ whatever its status; when the attempts or the workers run out after failures, th
 why.
 
 A path gives only what differs: what one attempt sends (``send``), what it makes of the answer it keeps (``use``)
-and the wording of its errors.  Choosing the worker, waiting behind a burst's first prefill (``attempt.Holds``)
+and the wording of its errors.  Choosing the worker, waiting behind a burst's first prefill (``coordination.Holds``)
 and the guard's outcome are done here, once.
 """
 

@@ -55,11 +55,11 @@ class PolicySettings:
     prefill_hold_seconds: float = 10.0
     """A burst on one new prefix: the requests routed to the worker that takes its first streamed request wait, at
     most this long, until that request's answer starts (the engine then holds the prefix: they prefill only their
-    own tails instead of the whole prefix each, at once), ``attempt.Holds``.  0: nobody waits."""
+    own tails instead of the whole prefix each, at once), ``coordination.Holds``.  0: nobody waits."""
     prefill_claim_seconds: float = 0.05
     """With peers in sync: how long at most a request that would lead the first prefill of a new prefix waits for the
     peers' answers to its claim (one round trip, usually: a burst reaches every replica at once, and one of them
-    leads; ``attempt.Holds``).  A lead of the replica with the lowest id does not wait.  0: no claims (each replica
+    leads; ``coordination.Holds``).  A lead of the replica with the lowest id does not wait.  0: no claims (each replica
     may lead its own)."""
     prefill_claim_min_chars: int = 1024
     """A lead claims only when its worker is to prefill at least this many chars of its prompt (what the tree says
@@ -205,7 +205,8 @@ def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerSettings:
-    """The other replicas of this router, told every route so that each one's tree holds the fleet's (``peers``)."""
+    """The other replicas of this router, told every route so that each one's tree holds the fleet's
+    (``coordination``)."""
 
     urls: tuple[str, ...] = ()
     """Base URLs of peer routers (their admin port when they have one)."""

@@ -1,5 +1,6 @@
 """The chart's ``router.peers``: the replicas find each other through a headless Service and tell each other their
-routes on the admin port (``smg_router.peers``; the router side: tests/integration/router/test_peer_routes.py)."""
+routes on the admin port (``smg_router.coordination``; the router side:
+tests/integration/router/test_peer_routes.py)."""
 
 from __future__ import annotations
 

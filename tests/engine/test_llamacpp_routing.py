@@ -228,7 +228,7 @@ def test_the_router_reads_each_engines_kv_capacity_from_its_props(router: Router
 @pytest.mark.parametrize("turns", [True, False])
 def test_requests_on_one_prompt_take_turns_for_its_slot(logs: Path, engines: list[LlamaServer], turns: bool) -> None:
     """One engine whose two slots hold prompts A and B.  Two requests on A at once: llama.cpp gives the second the
-    other idle slot, which prefills A again there and evicts B.  With turns (``attempt.Holds`` on a slot engine)
+    other idle slot, which prefills A again there and evicts B.  With turns (``coordination.Holds`` on a slot engine)
     the second waits for the first to end and finds A in its slot, and B stays cached; without (the premise,
     ``--prefill-hold-seconds 0``) it does not."""
     engine = engines[0]

@@ -65,7 +65,7 @@ class Decision:
 
     Read by ``attempt.Attempts.open``: the chars the worker is expected to prefill (``Worker.prefill_chars``), and
     the prompt's placement prefix with whether the worker held it (a burst on one new prefix waits for its first
-    prefill: ``attempt.Holds``)."""
+    prefill: ``coordination.Holds``)."""
 
     worker: Worker
     branch: str
@@ -133,7 +133,7 @@ class Policy:
         """The workers this instance can reach now (lifecycle).  Stateless policies ignore it."""
 
     def observe(self, model: str, worker_url: str, text: str, head: int) -> bool:
-        """A peer router sent ``text`` to the worker (``peers``): keep what the policy knows true, as for a
+        """A peer router sent ``text`` to the worker (``coordination``): keep what the policy knows true, as for a
         request of its own.  Whether it was taken (False: a stateless policy, or a worker it does not know)."""
         return False
 

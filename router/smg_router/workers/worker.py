@@ -227,7 +227,7 @@ class Worker:
         """Requests this router has sent to the worker, for tie-breaks."""
         self.held: dict[str, int] = {}
         """Leading chars -> how many of its requests wait before being sent, behind the first prefill of those chars
-        here (``attempt.Holds``): a burst that will find them cached, one prefill, not one each."""
+        here (``coordination.Holds``): a burst that will find them cached, one prefill, not one each."""
         self.joining: dict[str, int] = {}
         """Leading chars -> how many of its streamed requests with them have not started their answer (held ones
         included): the engine prefills them together, so for a request with the same leading chars they are one."""

@@ -1,5 +1,5 @@
-"""Router replicas that tell each other their routes (``--peer``, ``--peers-dns``; ``smg_router.peers``), shown on
-the cached tokens real ``smg-sim`` engines report: a replica that never saw a group still knows which worker
+"""Router replicas that tell each other their routes (``--peer``, ``--peers-dns``; ``smg_router.coordination``), shown
+on the cached tokens real ``smg-sim`` engines report: a replica that never saw a group still knows which worker
 holds it and which worker has no KV room left, as a router alone would.  And the faults: a peer that is down, a
 DNS name that lists the router itself, a batch that is garbage."""
 

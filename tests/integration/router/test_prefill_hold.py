@@ -1,7 +1,7 @@
-"""A burst on one new prefix waits for its first prefill (``attempt.Holds``; the routing benchmark's bursty workload):
-requests that arrive together with the same leading chars all go to the worker the first one is placed on, which
-caches the prefix only once its prefill is done; sent at once, each prefills the whole prefix. Shown on a real
-``smg-sim`` engine by the cached tokens it reports, with the hold and without it (the premise: an engine busy
+"""A burst on one new prefix waits for its first prefill (``coordination.Holds``; the routing benchmark's bursty
+workload): requests that arrive together with the same leading chars all go to the worker the first one is placed
+on, which caches the prefix only once its prefill is done; sent at once, each prefills the whole prefix. Shown on a
+real ``smg-sim`` engine by the cached tokens it reports, with the hold and without it (the premise: an engine busy
 decoding when the burst arrives admits the whole burst into one prefill step, and caches none of it for the others)."""
 
 from __future__ import annotations
@@ -241,8 +241,8 @@ def test_a_burst_that_reaches_two_replicas_at_once_is_prefilled_once(tmp_path: P
 
 def test_a_lead_of_a_replica_that_died_mid_prefill_holds_the_others_requests_no_longer(tmp_path: Path) -> None:
     """Replica A leads a long prefill and tells B, then is killed: its end will never be told.  B's requests on that
-    prefix wait only until B has heard nothing from A for ``attempt.PEER_SILENCE`` (3.5 s), not for the hold's bound
-    (60 s here): they are released, none times out, all are served."""
+    prefix wait only until B has heard nothing from A for ``coordination.PEER_SILENCE`` (3.5 s), not for the hold's
+    bound (60 s here): they are released, none times out, all are served."""
     sim = start_sim(tmp_path, time_scale=1.0, extra=SLOW)
     ports = free_ports(2)
     a, b = (

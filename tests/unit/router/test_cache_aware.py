@@ -665,7 +665,7 @@ def test_equally_loaded_holders_are_told_apart_by_rank_the_same_on_every_replica
 
 
 def test_a_choice_says_by_which_leading_chars_it_knows_the_prompt_and_whether_its_worker_held_them(env: Env) -> None:
-    """``Decision.prefix`` / ``Decision.cold`` (read by ``attempt.Holds``): the leading chars placement hashes (a
+    """``Decision.prefix`` / ``Decision.cold`` (read by ``coordination.Holds``): the leading chars placement hashes (a
     chat's head, at most placement_prefix_chars), and whether the chosen worker held them before this request."""
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)

@@ -1,9 +1,10 @@
-"""What a replica queues for its peers (``peers.PeerSync``): the first prefills its requests lead, and their ends."""
+"""What a replica queues for its peers (``coordination.PeerSync``): the first prefills its requests lead, and their
+ends."""
 
 from __future__ import annotations
 
+from smg_router.coordination.transport import PeerSync, _Peer
 from smg_router.metrics import Metrics
-from smg_router.peers import PeerSync, _Peer
 
 W = "http://127.0.0.2:8000"
 
@@ -113,7 +114,7 @@ async def test_a_peer_that_starts_listening_later_is_in_sync_within_a_first_cont
     import time
 
     from aiohttp import web
-    from smg_router.peers import FIRST_CONTACT, HEARTBEAT
+    from smg_router.coordination.transport import FIRST_CONTACT, HEARTBEAT
 
     beats: list[float] = []
 

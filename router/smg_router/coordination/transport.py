@@ -1,30 +1,19 @@
-"""Routes told to the other router replicas, so that each one's tree knows what the whole fleet was sent.
+"""The transport to the other router replicas (``PeerSync``): per peer a queue and a sender task, heartbeats, claims.
 
-A replica behind a Service sends 1/N of the traffic, so its own tree knows about 1/N of what the engines cache:
-enough to agree with the others on where a new prefix goes (rendezvous placement needs no state), not enough
-to judge whether a worker has KV room left for one more (that judgment, made from a partial tree, is a move the
-other replicas do not make; ``policies.cache_aware``).  With peers, every replica tells every other one what it
-routed (the policy slot, the worker, the routing text) and inserts what it is told, so each tree holds what
-all of the fleet's replicas sent and each replica judges room as a router alone would.
+Called by the request path (``tell``, through ``base.Peers``), by ``holds.Holds`` (``tell_prefill``, ``claim``) and by
+readiness (``in_sync``, ``alone``); started and stopped by ``core.RouterCore`` (task ``smg-peer-sync``).  The bodies
+it sends and reads are ``messages``'s; the receiving end is ``admin.peer_routes``.
 
-The protocol is one admin call, ``POST /peers/routes`` (``admin.peer_routes``; the admin key when one is set, the
-admin port when there is one), with ``{"from": <this router's id>, "records": [[role, model, worker url, text,
-head], ...], "prefills": [[worker url, leading chars, done], ...]}``: the routes, then the first prefills of a new
-prefix that a request of this router leads (``done`` false) or that ended (``done`` true), so that each replica
-holds its own requests behind them (``attempt.Holds``; a router of an older version ignores "prefills").  A peer
-answers with its id and the starts it was told of that it leads itself (``{"id": ..., "leads": [[worker url,
-leading chars], ...]}``): how a claim learns whether to yield (``claim``).  A peer that answers ``{"self": true}`` was
-this router (a DNS name lists its own pod too) and is asked no more.  Peers come from
-``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless Service: every ready replica's address, re-resolved
-every DNS_INTERVAL).
-
-Each peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits
-BATCH_DELAY after a batch's first route for more to join it.  A batch that fails is dropped, not retried: a
-route is a hint about a cache, and a late one is a wrong one.  A claimed start does not wait: the sender goes at
-once (its lead waits for the answers).  ``in_sync`` says whether every peer acknowledged a batch (or the heartbeat
-sent every HEARTBEAT seconds; the first at once, then every FIRST_CONTACT seconds until the peer first answers)
-within STALE seconds; while it does not, the policy falls back to what a replica without peers does (its own share
-of the backlog decides: rank-only placement for one of several replicas), and leads and turns do not claim.
+Peers come from ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless Service: every ready replica's address,
+re-resolved every DNS_INTERVAL); a peer that answers ``{"self": true}`` was this router and is asked no more.  Each
+peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits BATCH_DELAY after a
+batch's first route for more to join it.  A batch that fails is dropped, not retried: a route is a hint about a
+cache, and a late one is a wrong one.  A claimed start does not wait: the sender goes at once (its lead waits for the
+answers).  ``in_sync`` says whether every peer acknowledged a batch (or the heartbeat sent every HEARTBEAT seconds;
+the first at once, then every FIRST_CONTACT seconds until the peer first answers) within STALE seconds; while it does
+not, leads and turns do not claim (``holds``) and readiness may wait (``core``).  The policy does not look: with peers
+configured it judges room from its index (``PolicySettings.index_complete``), which then misses the silent peers'
+routes; rank-only placement is for replicas that have no peers.
 """
 
 from __future__ import annotations
@@ -40,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 
+from smg_router.coordination.messages import PATH, Prefill, Record, decode_answer, encode_batch
 from smg_router.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -66,12 +55,6 @@ MAX_PENDING = 8192
 MAX_BATCH_CHARS = 2 * 1024 * 1024
 """Routing text sent in one batch at most, well under a router's request body limit (8 MiB by default; a smaller
 ``--max-payload-size`` lowers it to an eighth of that, as a char may take 4 bytes and JSON escapes more)."""
-PATH = "/peers/routes"
-
-Record = tuple[str, str, str, str, int]
-"""(role, model, worker url, routing text, head) of one routed request."""
-Prefill = tuple[str, str, bool]
-"""(worker url, leading chars, done) of a first prefill a request of this router leads (``attempt.Holds``)."""
 
 
 @dataclass(slots=True)
@@ -153,7 +136,7 @@ class PeerSync:
         """Queue a first prefill's start (``done`` False) or end for every peer; it goes with the next batch (a
         prefix longer than a batch may carry is not told: cut, it would name another).  An end whose start has not
         gone out yet goes instead of it (the peer may know of the lead all the same: this router's answer to its
-        claim named it, ``admin.peer_routes``).  A start whose last end has not gone out takes that end back: the
+        claim named it, ``holds.Holds.receive``).  A start whose last end has not gone out takes that end back: the
         peer's lead then goes on until this one's end.  ``hurry``: the batch goes without the batch delay."""
         if len(prefix) > self._batch_chars:
             return
@@ -298,31 +281,22 @@ class PeerSync:
 
     async def _send(self, peer: _Peer, batch: list[Record], prefills: list[Prefill]) -> None:
         assert self._session is not None
-        message: dict[str, object] = {"from": self.id, "records": batch}
-        if prefills:
-            message["prefills"] = prefills
-        body = orjson.dumps(message)
+        body = encode_batch(self.id, batch, prefills)
         starts = [(url, prefix) for url, prefix, done in prefills if not done]
-        leads: set[tuple[str, str]] = set()
+        leads: frozenset[tuple[str, str]] = frozenset()
         leader: str | None = None
         try:
             async with self._session.post(peer.url + PATH, data=body, headers=self._headers) as resp:
-                answer = await resp.read()
+                raw = await resp.read()
                 if resp.status != 200:
-                    raise RuntimeError(f"HTTP {resp.status}: {answer[:200]!r}")
-                reply = orjson.loads(answer)
-                if reply.get("self"):
+                    raise RuntimeError(f"HTTP {resp.status}: {raw[:200]!r}")
+                answer = decode_answer(raw)
+                if answer.is_self:
                     peer.is_self = True
                     log.info("peer %s is this router: not telling it", peer.url)
                     return
-                leader, told = reply.get("id"), reply.get("leads")
-                if isinstance(leader, str) and isinstance(told, list):  # an older router answers neither
-                    leads = {
-                        (r[0], r[1])
-                        for r in told
-                        if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
-                    }
-        except (aiohttp.ClientError, TimeoutError, RuntimeError, orjson.JSONDecodeError, AttributeError) as e:
+                leader, leads = answer.leader, answer.leads
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as e:
             self._metrics.peer_records_sent.labels(peer.url, "failed").inc(len(batch) + len(prefills))
             if not peer.failing:
                 why = str(e) or type(e).__name__
