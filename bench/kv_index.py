@@ -17,6 +17,7 @@ import argparse
 import json
 import random
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "command": " ".join(["bench/kv_index.py", *(argv if argv is not None else sys.argv[1:])]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
         **run(a.blocks, a.workers, a.block_size, a.budget_bytes, a.prompt_tokens),
     }
     text = json.dumps(result, indent=2)

@@ -19,9 +19,10 @@ would have served from cache, never a hit on a block the engine evicted.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-ENTRY_BYTES = 120
+ENTRY_BYTES = 170
 """Estimated bytes of one (worker, block) entry: the engine hash, its key, the dict slot."""
 KEY_BYTES = 100
 """Estimated bytes of one distinct block: its key, the holders' bit mask, the dict slot."""
@@ -45,8 +46,9 @@ class _Worker:
         self.bit = bit
         self.block_size = 0
         """Tokens per block of its engine, from its last stored event (0: none yet)."""
-        self.blocks: dict[Hashable, int] = {}
-        """The engine's block hash -> the index's key, oldest first."""
+        self.blocks: OrderedDict[Hashable, int] = OrderedDict()
+        """The engine's block hash -> the index's key, oldest first (an OrderedDict: forgetting the oldest is one
+        step, where a dict's first item is found past every slot deleted before it)."""
 
 
 class BlockIndex:
@@ -194,8 +196,7 @@ class BlockIndex:
             if not w.blocks:
                 return
             for _ in range(max(1, len(w.blocks) // 10)):
-                engine_hash = next(iter(w.blocks))
-                self._drop(w.blocks.pop(engine_hash), w.bit)
+                self._drop(w.blocks.popitem(last=False)[1], w.bit)
                 self.forgotten += 1
 
 
