@@ -61,6 +61,7 @@ class RouterCore:
             budget_bytes=settings.policy.tree_memory_budget,
             chars_per_token=settings.policy.tree_chars_per_token or 1.0,
             tokenized=frozenset(self.tokenizers),
+            spec_seconds=settings.policy.prefill_hold_seconds,  # as long as a burst may wait for its first prefill
         )
         """The workers matched by their engines' KV events, and what those say (``policies.index``)."""
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, events=self.events)

@@ -305,8 +305,8 @@ class CacheAwarePolicy(Policy):
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
         none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
         requests, then the first by rendezvous rank; by rank alone when the index is not complete."""
-        if not self.ctx.settings.index_complete:
-            return rendezvous_pick(workers, ok, key)
+        if not self.ctx.settings.index_complete and not all(w.url in self._own for w in workers):
+            return rendezvous_pick(workers, ok, key)  # indexes of the engines' own events are every replica's alike
         tree = self._trees[model]
         best: tuple[bool, int, int, int] | None = None
         chosen = -1

@@ -9,7 +9,8 @@ deepest match.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from smg_router.tree import Match
@@ -53,18 +54,21 @@ class EventIndex:
     (``tree.blocks.BlockIndex``), behind the seam.
 
     A match is in tokens; the policy reads chars of the routing text, so the matched share of the prompt's tokens is
-    given as the same share of its text.  A prompt without tokens matches nothing here.  ``insert`` records nothing:
-    the engine's own events will.
+    given as the same share of its text.  A prompt without tokens matches nothing here.  ``insert`` records the
+    decision as speculative blocks (``BlockIndex.speculate``) until the engine's own events say it.
     """
 
-    def __init__(self, blocks: BlockIndex, *, chars_per_token: float) -> None:
+    def __init__(
+        self, blocks: BlockIndex, *, chars_per_token: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.blocks = blocks
         self._chars_per_token = chars_per_token
+        self._clock = clock
 
     def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
         if not tokens:
             return NO_MATCH
-        held = self.blocks.match(tokens)
+        held = self.blocks.match(tokens, now=self._clock())
         if not held:
             return NO_MATCH
         deepest = max(held.values())
@@ -72,7 +76,8 @@ class EventIndex:
         return Match(len(text) * min(deepest, len(tokens)) // len(tokens), tenants)
 
     def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
-        return None
+        if tokens:
+            self.blocks.speculate(tenant, tokens, self._clock())
 
     def tenant_size(self, tenant: str) -> int:
         """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap)."""
@@ -85,7 +90,15 @@ class EventIndexes:
     instance and fed by the subscribers (``kv_events``).  A worker is, once it was given an event source and the
     router can tokenize its model's prompts (without a prompt's tokens its events could match nothing)."""
 
-    def __init__(self, *, budget_bytes: int, chars_per_token: float, tokenized: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        *,
+        budget_bytes: int,
+        chars_per_token: float,
+        tokenized: frozenset[str] = frozenset(),
+        spec_seconds: float = 10.0,
+    ) -> None:
+        self._spec_seconds = spec_seconds
         self._budget = budget_bytes
         self._chars_per_token = chars_per_token
         self.tokenized = tokenized
@@ -102,7 +115,8 @@ class EventIndexes:
         found = self._models.get(model)
         if found is None:
             found = self._models[model] = EventIndex(
-                BlockIndex(budget_bytes=self._budget), chars_per_token=self._chars_per_token
+                BlockIndex(budget_bytes=self._budget, spec_seconds=self._spec_seconds),
+                chars_per_token=self._chars_per_token,
             )
         return found
 

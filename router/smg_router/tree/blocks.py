@@ -12,6 +12,11 @@ The chain starts from the namespace (a LoRA adapter, a cache salt: blocks of dif
 and the block size (engines of one model may cut blocks differently).  Keys are Python hashes of int tuples:
 the same in every process for the same tokens, and 64 bits, so two prefixes collide about never.
 
+Between a routing decision and the engine's first event for it the engine is still prefilling, so its events say
+nothing yet of the prompt: ``speculate`` records the router's own decision for a while (``spec_seconds``), so the
+rest of a burst follows the first request.  A speculative entry is this process's alone; ``blocks_of`` (which
+placement judges room by, alike on every replica) leaves it out.
+
 Memory: about ``ENTRY_BYTES`` per (worker, block) and ``KEY_BYTES`` per distinct block.  Over ``budget_bytes``
 the index forgets the oldest blocks of the worker that has the most: a forgotten block is a miss the engine
 would have served from cache, never a hit on a block the engine evicted.
@@ -19,7 +24,7 @@ would have served from cache, never a hit on a block the engine evicted.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
 ENTRY_BYTES = 170
@@ -58,10 +63,15 @@ class BlockIndex:
     holds.  Nothing here is asynchronous: the subscriber applies events as they come, the policy reads between.
     """
 
-    __slots__ = ("_holders", "_workers", "budget_bytes", "forgotten", "orphans")
+    __slots__ = ("_expiry", "_holders", "_spec", "_workers", "budget_bytes", "forgotten", "orphans", "spec_seconds")
 
-    def __init__(self, *, budget_bytes: int) -> None:
+    def __init__(self, *, budget_bytes: int, spec_seconds: float = 10.0) -> None:
         self.budget_bytes = budget_bytes
+        self.spec_seconds = spec_seconds
+        self._spec: dict[int, int] = {}
+        """key -> bit mask of the workers this process sent the block to, before their engines said so"""
+        self._expiry: deque[tuple[float, int, int]] = deque()
+        """(when, key, bit) of each speculative entry, oldest first"""
         self._holders: dict[int, int] = {}
         """key -> bit mask of the workers holding that block"""
         self._workers: dict[str, _Worker] = {}
@@ -108,13 +118,17 @@ class BlockIndex:
                 self.orphans += len(hashes)
                 return 0
         keys = block_keys(tokens[: len(hashes) * block_size], block_size, namespace, start)
-        holders = self._holders
+        holders, spec = self._holders, self._spec
         for engine_hash, key in zip(hashes, keys, strict=True):
             old = w.blocks.pop(engine_hash, None)  # stored again: it is the newest now
             if old is not None and old != key:
                 self._drop(old, w.bit)
             w.blocks[engine_hash] = key
             holders[key] = holders.get(key, 0) | w.bit
+            if key in spec:  # the engine's word replaces the router's guess
+                spec[key] &= ~w.bit
+                if not spec[key]:
+                    del spec[key]
         if self.estimated_bytes() > self.budget_bytes:
             self._shrink()
         return len(keys)
@@ -138,6 +152,11 @@ class BlockIndex:
         if w is not None:
             for key in w.blocks.values():
                 self._drop(key, w.bit)
+            for _, key, bit in self._expiry:
+                if bit == w.bit and key in self._spec:
+                    self._spec[key] &= ~bit  # its bit may go to another worker: nothing of this one may stay
+                    if not self._spec[key]:
+                        del self._spec[key]
 
     def _drop(self, key: int, bit: int) -> None:
         mask = self._holders.get(key, 0) & ~bit
@@ -146,23 +165,50 @@ class BlockIndex:
         else:
             self._holders.pop(key, None)
 
-    def match(self, tokens: Sequence[int], namespace: str = "") -> dict[str, int]:
-        """Tokens of the prompt ``tokens`` each worker holds (the consecutive run of its blocks from the first);
-        workers that hold none are left out."""
+    def speculate(self, worker: str, tokens: Sequence[int], now: float, namespace: str = "") -> None:
+        """The prompt ``tokens`` was just sent to ``worker``: count its blocks as held there until its engine's events
+        catch up (at most ``spec_seconds``).  Blocks cut as the worker's engine cuts them (16 tokens until it said)."""
+        self._expire(now)
+        w = self._worker(worker)
+        size = w.block_size or 16
+        until = now + self.spec_seconds
+        for key in block_keys(tokens, size, namespace):
+            if not self._holders.get(key, 0) & w.bit:  # what its engine said it holds needs no guess
+                self._spec[key] = self._spec.get(key, 0) | w.bit
+                self._expiry.append((until, key, w.bit))
+        if not w.block_size:
+            w.block_size = size
+
+    def _expire(self, now: float) -> None:
+        expiry, spec = self._expiry, self._spec
+        while expiry and expiry[0][0] <= now:
+            _, key, bit = expiry.popleft()
+            mask = spec.get(key, 0) & ~bit
+            if mask:
+                spec[key] = mask
+            else:
+                spec.pop(key, None)
+
+    def match(self, tokens: Sequence[int], namespace: str = "", now: float | None = None) -> dict[str, int]:
+        """Tokens of the prompt ``tokens`` each worker holds (the consecutive run of its blocks from the first, its
+        speculative ones included when ``now`` is given); workers that hold none are left out."""
+        if now is not None:
+            self._expire(now)
         held: dict[str, int] = {}
         for size in {w.block_size for w in self._workers.values() if w.block_size}:
-            held.update(self._match(tokens, size, namespace))
+            held.update(self._match(tokens, size, namespace, now is not None))
         return held
 
-    def _match(self, tokens: Sequence[int], block_size: int, namespace: str) -> dict[str, int]:
+    def _match(self, tokens: Sequence[int], block_size: int, namespace: str, spec: bool) -> dict[str, int]:
         alive = 0
         for w in self._workers.values():
             if w.block_size == block_size:
                 alive |= w.bit
         blocks_by_bit: dict[int, int] = {}
         blocks = 0
+        holders, speculated = self._holders, self._spec if spec else {}
         for key in block_keys(tokens, block_size, namespace):
-            still = alive & self._holders.get(key, 0)
+            still = alive & (holders.get(key, 0) | speculated.get(key, 0))
             gone = alive & ~still
             if gone and blocks:
                 blocks_by_bit.update((bit, blocks) for bit in _bits(gone))

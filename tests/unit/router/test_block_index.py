@@ -123,3 +123,23 @@ def test_the_match_is_what_the_engines_hold(history: list[tuple], probe: int) ->
         if n:
             expected[worker] = n * B
     assert index.match(tokens) == expected
+
+
+def test_a_speculative_entry_stands_until_the_engine_speaks_or_its_time_is_up() -> None:
+    """Between a decision and the engine's first event for it, the router's own decision stands for the prompt."""
+    index = BlockIndex(budget_bytes=10**6, spec_seconds=5.0)
+    doc = list(range(200, 232))  # 2 blocks of 16, 8 of 4
+    store(index, "b", [1] * 4, 0, 1)  # b's engine cuts blocks of 4
+    index.speculate("a", doc, now=0.0)  # a said nothing yet: blocks of 16
+    index.speculate("b", doc, now=0.0)
+    assert index.match(doc, now=1.0) == {"a": 32, "b": 32}
+    assert index.match(doc) == {}  # what the engines said: nothing of it yet
+    assert index.blocks_of("a") == 0  # placement's view of room leaves guesses out
+    assert index.match(doc, now=5.0) == {}  # expired
+    index.speculate("b", doc, now=10.0)
+    store(index, "b", doc, 0, 8)  # the engine stored it: its word replaces the guess
+    index.removed("b", [engine_hash(tuple(doc[:4]))])  # and then evicted the first block
+    assert index.match(doc, now=11.0) == {}  # no guess left standing for an evicted block
+    index.speculate("a", doc, now=12.0)
+    index.cleared("a")
+    assert index.match(doc, now=13.0) == {}  # a worker emptied keeps no guess either

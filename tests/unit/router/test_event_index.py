@@ -117,3 +117,13 @@ def test_where_a_worker_publishes_its_events_is_validated_field_by_field() -> No
     assert s.routing.kv_events == ((url, "tcp://127.0.0.2:5557", "tcp://127.0.0.2:5558"),)
     with pytest.raises(SystemExit):
         parse_settings(["--kv-events", f"{url}=127.0.0.2:5557"])
+
+
+def test_a_burst_on_a_new_prefix_follows_its_first_request_before_the_engine_says_anything() -> None:
+    _, policy, workers = fleet()
+    doc = "a new document nobody sent yet " * 10
+    first = policy.decide(workers[:2], request(doc + "q0"), NOW)
+    assert first.branch == "miss"
+    for i in range(1, 6):  # the engine is still prefilling: no event yet
+        d = policy.decide(workers[:2], request(doc + f"q{i}"), NOW)
+        assert (d.worker, d.branch) == (first.worker, "hit")
