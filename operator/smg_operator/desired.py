@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 GROUP, VERSION, PLURAL = "smg.dev", "v1alpha1", "smgworkers"
 BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
@@ -107,6 +108,9 @@ class DesiredWorker:
     router in place of what the engine reports."""
     draining: bool = False
     """The pod carries ``smg.dev/drain: "true"``: registered, but draining (PATCH ``draining``)."""
+    kv_events: Mapping[str, Any] | None = None
+    """``spec.kvEvents`` made concrete for this endpoint: where its engine publishes its KV events (``tcp://<pod
+    IP>:<port>``), where it replays them, the topic."""
 
     def registration(self) -> dict[str, Any]:
         """The POST /workers (and PUT) body.  ``kv_capacity_tokens`` only when set: a router that predates the field
@@ -121,6 +125,8 @@ class DesiredWorker:
         }
         if self.kv_capacity_tokens is not None:
             body["kv_capacity_tokens"] = self.kv_capacity_tokens
+        if self.kv_events is not None:
+            body["kv_events"] = dict(self.kv_events)
         return body
 
 
@@ -138,6 +144,21 @@ def _bootstrap_port(spec: Mapping[str, Any], pod: PodInfo | None) -> int | None:
             return int(raw)
     port = spec.get("bootstrapPort")
     return int(port) if isinstance(port, int) else None
+
+
+def kv_events_at(host: str, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``spec.kvEvents`` for the engine at ``host`` (a pod IP, or a static endpoint's host): the router's
+    ``kv_events`` field, or None when the SMGWorker has none."""
+    events = spec.get("kvEvents")
+    if not isinstance(events, Mapping) or not isinstance(events.get("port"), int):
+        return None
+    where = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    replay = events.get("replayPort")
+    return {
+        "endpoint": f"tcp://{where}:{events['port']}",
+        "replay_endpoint": f"tcp://{where}:{replay}" if isinstance(replay, int) else None,
+        "topic": events.get("topic") or "",
+    }
 
 
 def desired_workers(
@@ -168,6 +189,7 @@ def desired_workers(
             pod=pod.name,
             kv_capacity_tokens=kv_tokens,
             draining=pod.annotations.get(DRAIN_ANNOTATION, "").strip().lower() == "true",
+            kv_events=kv_events_at(pod.ip, spec),
         )
     endpoints = [str(e).rstrip("/") for e in spec.get("endpoints") or []]
     for url in endpoints:
@@ -181,6 +203,7 @@ def desired_workers(
                 labels=base,
                 owner=owner,
                 kv_capacity_tokens=kv_tokens,
+                kv_events=kv_events_at(urlsplit(url).hostname or "", spec),
             ),
         )
     return Desired(workers=tuple(out.values()), selected=len(selected) + len(set(endpoints)))
@@ -272,7 +295,16 @@ def _same(current: Mapping[str, Any], want: DesiredWorker) -> bool:
         current.get("labels") or {},
         current.get("owner"),
         current.get("kv_capacity_tokens"),
-    ) == (want.role, want.model_id, want.bootstrap_port, dict(want.labels), want.owner, want.kv_capacity_tokens)
+        current.get("kv_events"),
+    ) == (
+        want.role,
+        want.model_id,
+        want.bootstrap_port,
+        dict(want.labels),
+        want.owner,
+        want.kv_capacity_tokens,
+        None if want.kv_events is None else dict(want.kv_events),
+    )
 
 
 def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> Plan:

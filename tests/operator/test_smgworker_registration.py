@@ -138,3 +138,30 @@ def test_kv_capacity_tokens_reaches_every_registration_and_follows_the_field(
     wait_for(lambda: everywhere(1000), timeout=SETTLE, what="kv_capacity_tokens 1000 on both replicas")
     kube.merge(kube.smgw_path("llama"), {"spec": {"kvCapacityTokens": None}})  # a merge patch's null removes it
     wait_for(lambda: everywhere(None), timeout=SETTLE, what="kv_capacity_tokens cleared on both replicas")
+
+
+def test_kv_events_reach_every_registration_with_each_pods_own_address(
+    kube: Kube, fleet: Fleet, operator: Operator
+) -> None:
+    """spec.kvEvents registers tcp://<pod IP>:<port> per endpoint on every replica; removing it removes them."""
+    _two_replicas_and_two_workers(fleet)
+    smgw = kube.create_smgworker(
+        "llama",
+        pool_spec("llama", fleet.router_port, fleet.worker_port, kvEvents={"port": 5557, "replayPort": 5558}),
+    )
+    uid = smgw["metadata"]["uid"]
+    sims = [fleet.sims["llama-0"], fleet.sims["llama-1"]]
+    want = {s.url for s in sims}
+    expected = sorted(f"tcp://{s.host}:5557" for s in sims) * 2
+
+    def endpoints() -> list[object]:
+        found = [(w.get("kv_events") or {}).get("endpoint") for pod in fleet.routers for w in fleet.workers(pod)]
+        return sorted(found, key=str)
+
+    wait_for(
+        lambda: fleet.everywhere(want, owner_uid=uid) and endpoints() == sorted(expected),
+        timeout=SETTLE,
+        what="each pod's KV events endpoint on both replicas",
+    )
+    kube.merge(kube.smgw_path("llama"), {"spec": {"kvEvents": None}})
+    wait_for(lambda: endpoints() == [None] * 4, timeout=SETTLE, what="the KV events endpoints removed")

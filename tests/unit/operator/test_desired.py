@@ -210,3 +210,30 @@ def test_kv_capacity_tokens_goes_into_every_registration_and_a_change_replaces_t
     assert [wid for wid, _ in plan(unset.workers, current, owner_uid="U").replace] == ["w0", "w1"]
     listed_by_an_older_router = [{k: v for k, v in c.items() if k != "kv_capacity_tokens"} for c in current]
     assert plan(unset.workers, listed_by_an_older_router, owner_uid="U").empty
+
+
+# -- kvEvents ----------------------------------------------------------------------------------------------------
+def test_kv_events_become_each_pods_own_endpoints_and_a_change_replaces_them() -> None:
+    """spec.kvEvents names ports; each pod's registration says its own IP, as the engine binds on its pod."""
+    spec = {**SPEC, "kvEvents": {"port": 5557, "replayPort": 5558}, "endpoints": ["http://127.0.0.9:7000"]}
+    pods = [pod("a", "127.0.0.2"), pod("b", "fd00::3")]
+    d = desired_workers(namespace="ns", name="p", uid="U", spec=spec, pods=pods)
+    assert [w.registration()["kv_events"] for w in d.workers] == [
+        {"endpoint": "tcp://127.0.0.2:5557", "replay_endpoint": "tcp://127.0.0.2:5558", "topic": ""},
+        {"endpoint": "tcp://[fd00::3]:5557", "replay_endpoint": "tcp://[fd00::3]:5558", "topic": ""},
+        {"endpoint": "tcp://127.0.0.9:5557", "replay_endpoint": "tcp://127.0.0.9:5558", "topic": ""},
+    ]
+    current = [{"id": f"w{i}", "status": "ready", **w.registration()} for i, w in enumerate(d.workers)]
+    assert plan(d.workers, current, owner_uid="U").empty
+    moved = desired_workers(
+        namespace="ns", name="p", uid="U", spec={**spec, "kvEvents": {"port": 6000, "topic": "kv"}}, pods=pods
+    )
+    replaced = plan(moved.workers, current, owner_uid="U").replace
+    assert [w.registration()["kv_events"]["endpoint"] for _, w in replaced] == [
+        "tcp://127.0.0.2:6000",
+        "tcp://[fd00::3]:6000",
+        "tcp://127.0.0.9:6000",
+    ]
+    assert all(w.registration()["kv_events"]["replay_endpoint"] is None for _, w in replaced)
+    without = desired_workers(namespace="ns", name="p", uid="U", spec={**SPEC}, pods=pods)
+    assert all("kv_events" not in w.registration() for w in without.workers)
