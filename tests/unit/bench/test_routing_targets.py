@@ -60,6 +60,8 @@ def test_a_rev_comes_last_keeps_its_text_in_the_name_and_leaves_the_rest_as_with
         "rust:cache_aware@HEAD",
         "smg:@HEAD",
         "smg:cache_aware+peers~missing@HEAD",
+        "smg:cache_aware+events+events",
+        "smg:cache_aware+other",
     ],
 )
 def test_a_malformed_target_or_unknown_variant_is_refused(text: str) -> None:
@@ -93,3 +95,14 @@ def test_launch_puts_its_targets_code_first_on_pythonpath(tmp_path: Path) -> Non
     t = Target.parse("smg:cache_aware@HEAD")
     env = Launch(t, ["http://w:1"], 0.25, router_pythonpath=tmp_path).env()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+
+
+def test_an_events_target_reads_every_workers_events_with_the_sims_tokenizer() -> None:
+    t = Target.parse("smg:cache_aware+peers+events@HEAD")
+    assert (t.peers, t.events, t.rev, t.name) == (True, True, "HEAD", "smg:cache_aware+peers+events@HEAD")
+    where = {"http://127.0.1.10:30000": ("tcp://127.0.1.10:4000", "tcp://127.0.1.10:4001")}
+    argv = Launch(target=t, workers=list(where), time_scale=0.25, kv_events=where).argv(9000)
+    assert argv[argv.index("--kv-events") + 1] == "http://127.0.1.10:30000=tcp://127.0.1.10:4000,tcp://127.0.1.10:4001"
+    assert argv[argv.index("--tokenizer") + 1].endswith("smg_sim/tokenizer")
+    plain = Launch(target=Target.parse("smg:cache_aware"), workers=list(where), time_scale=0.25, kv_events=where)
+    assert "--kv-events" not in plain.argv(9000)
