@@ -64,6 +64,7 @@ class RouterCore:
             spec_seconds=settings.policy.prefill_hold_seconds,  # as long as a burst may wait for its first prefill
         )
         """The workers matched by their engines' KV events, and what those say (``policies.index``)."""
+        self.metrics.add_kv_index_sources(self._kv_index_bytes, self._kv_index_blocks)
         factory = PolicyFactory(settings=settings.policy, loads=self.loads, metrics=self.metrics, events=self.events)
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
@@ -142,6 +143,16 @@ class RouterCore:
             return bool(routable), detail
         by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}
         return all(by_role.values()), {**detail, **{f"routable_{r}": n for r, n in by_role.items()}}
+
+    def _kv_index_bytes(self) -> list[tuple[str, int]]:
+        return [(model, blocks.estimated_bytes()) for model, blocks in self.events.models().items()]
+
+    def _kv_index_blocks(self) -> list[tuple[str, str, int]]:
+        return [
+            (model, worker, blocks.blocks_of(worker))
+            for model, blocks in self.events.models().items()
+            for worker in blocks.workers()
+        ]
 
     async def start(self) -> None:
         await self.upstream.start()

@@ -252,6 +252,23 @@ class _TreeSizeCollector:
         yield family
 
 
+class _LabelledGauge:
+    """A gauge read at scrape time from ``source``: (label values, value) pairs."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: tuple[str, ...], source: Callable[[], Iterable[tuple[Any, ...]]]
+    ) -> None:
+        self._args = (name, documentation)
+        self._labels = labels
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(*self._args, labels=self._labels)
+        for *values, n in self._source():
+            family.add_metric(tuple(values), n)
+        yield family
+
+
 class _TreeBytesCollector:
     def __init__(self, source: TreeBytesSource) -> None:
         self._source = source
@@ -459,6 +476,30 @@ class Metrics:
     def add_tree_bytes_source(self, source: TreeBytesSource) -> None:
         self.registry.register(_TreeBytesCollector(source))
 
+    def add_kv_index_sources(
+        self,
+        index_bytes: Callable[[], Iterable[tuple[str, int]]],
+        worker_blocks: Callable[[], Iterable[tuple[str, str, int]]],
+    ) -> None:
+        """The index of the engines' KV events: its estimated memory per model, and the blocks each worker's engine
+        says it holds."""
+        self.registry.register(
+            _LabelledGauge(
+                "smg_kv_index_bytes",
+                "Estimated memory of the index of the engines' KV events, per model (bounded by --tree-memory-budget)",
+                ("model",),
+                index_bytes,
+            )
+        )
+        self.registry.register(
+            _LabelledGauge(
+                "smg_kv_index_blocks",
+                "KV cache blocks the worker's engine says it holds (its KV events), as the index knows them",
+                ("model", "worker"),
+                worker_blocks,
+            )
+        )
+
     def add_peers_in_sync_source(self, source: Callable[[], float | None]) -> None:
         self.registry.register(
             _ScrapeGauge(
@@ -488,6 +529,8 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_worker_healthy": min,  # healthy in every process
     "smg_cache_tree_size_chars": max,  # each process's tree holds its own requests' prompts: the fullest
     "smg_cache_tree_bytes": lambda a, b: a + b,  # the pod's memory
+    "smg_kv_index_bytes": lambda a, b: a + b,  # each process keeps its own index: the pod's memory
+    "smg_kv_index_blocks": max,  # every process reads the same events
     "smg_peers_in_sync": min,  # in sync in every process
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms

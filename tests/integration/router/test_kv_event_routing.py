@@ -79,6 +79,8 @@ async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) 
                 lambda: metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="stored") >= 1,
                 what="the router to apply the stored event",
             )
+            blocks = len(ids) // BLOCK
+            assert metric_value(router.metrics(), "smg_kv_index_blocks", worker=sims[1].url) == blocks
             for i in range(3):
                 assert await routed(doc + f" question {i}?") == by_url[sims[1].url]
             # evicted there, stored on the first: the very next request follows

@@ -51,6 +51,7 @@ def test_every_gauge_of_the_router_has_a_merge_rule() -> None:
     m.add_tree_size_source(lambda: [("m", "regular", "http://w", 1)])
     m.add_tree_bytes_source(lambda: [("m", "regular", 1)])
     m.add_peers_in_sync_source(lambda: 1.0)
+    m.add_kv_index_sources(lambda: [("m", 1)], lambda: [("m", "http://w", 1)])
     gauges = {line.split()[2] for line in m.exposition().decode().splitlines() if line.endswith(" gauge")}
     assert gauges == set(GAUGE_MERGE)
 
