@@ -304,9 +304,12 @@ class CacheAwarePolicy(Policy):
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
         none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
-        requests, then the first by rendezvous rank; by rank alone when the index is not complete."""
-        if not self.ctx.settings.index_complete and not all(w.url in self._own for w in workers):
-            return rendezvous_pick(workers, ok, key)  # indexes of the engines' own events are every replica's alike
+        requests, then the first by rendezvous rank.  When the index is not complete (one of several replicas): by
+        what every replica sees alike only, the engines' events (room, prompts held, then rank) when every worker has
+        them, else by rank alone."""
+        shared = not self.ctx.settings.index_complete
+        if shared and not all(w.url in self._own for w in workers):
+            return rendezvous_pick(workers, ok, key)
         tree = self._trees[model]
         best: tuple[bool, int, int, int] | None = None
         chosen = -1
@@ -314,23 +317,24 @@ class CacheAwarePolicy(Policy):
             if ok[i]:
                 index = self._index_of(tree, w.url)
                 rank = (
-                    self._has_room(index, w, size, key),
-                    -self._prompts_held(index, w, size),
-                    -w.prefilling,
+                    self._has_room(index, w, size, key, shared),
+                    -self._prompts_held(index, w, size, shared),
+                    0 if shared else -w.prefilling,  # this router's own: another replica sees other counts
                     rendezvous_score(key, w.id),
                 )
                 if best is None or rank > best:
                     best, chosen = rank, i
         return chosen  # the least loaded worker is always within the gate
 
-    def _prompts_held(self, index: CacheIndex, worker: Worker, size: int) -> int:
+    def _prompts_held(self, index: CacheIndex, worker: Worker, size: int, shared: bool = False) -> int:
         """About how many prompts of ``size`` chars the worker's share of its index holds (a slot engine: the keys
         in its slots): a new group goes where fewer are, so groups, and their traffic, spread evenly."""
         if self.ctx.loads.slots(worker.id) is not None:
             return len(self._held.get(worker.url, ()))
-        return (index.tenant_size(worker.url) + size // 2) // max(1, size)  # rounded: a prompt a char short is one
+        held = index.tenant_size(worker.url, shared=shared)
+        return (held + size // 2) // max(1, size)  # rounded: a prompt a char short is one
 
-    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int) -> bool:
+    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int, shared: bool = False) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
         engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more
@@ -344,7 +348,7 @@ class CacheAwarePolicy(Policy):
                 held.popitem(last=False)
             return key in held or len(held) < slots
         cap = self.tenant_cap(worker.url)
-        return cap is None or index.tenant_size(worker.url) + size <= cap
+        return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

@@ -32,8 +32,9 @@ class CacheIndex(Protocol):
         """The prompt was sent to ``tenant``: its engine caches it now (or will, when its prefill is done)."""
         ...
 
-    def tenant_size(self, tenant: str) -> int:
-        """Chars the tenant holds by this index: what room it has left under its KV capacity."""
+    def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
+        """Chars the tenant holds by this index: what room it has left under its KV capacity.  ``shared``: only what
+        every replica sees alike (an index of the engines' events leaves this process's guesses out)."""
         ...
 
 
@@ -79,10 +80,11 @@ class EventIndex:
         if tokens:
             self.blocks.speculate(tenant, tokens, self._clock())
 
-    def tenant_size(self, tenant: str) -> int:
-        """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap)."""
-        tokens = self.blocks.blocks_of(tenant) * self.blocks.block_size_of(tenant)
-        return int(tokens * self._chars_per_token)
+    def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
+        """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap): those its engine
+        said it holds, and, unless ``shared``, those this process sent it since (its speculative ones)."""
+        blocks = self.blocks.blocks_of(tenant, speculative=not shared, now=self._clock())
+        return int(blocks * self.blocks.block_size_of(tenant) * self._chars_per_token)
 
 
 class EventIndexes:

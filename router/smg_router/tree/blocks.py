@@ -63,7 +63,17 @@ class BlockIndex:
     holds.  Nothing here is asynchronous: the subscriber applies events as they come, the policy reads between.
     """
 
-    __slots__ = ("_expiry", "_holders", "_spec", "_workers", "budget_bytes", "forgotten", "orphans", "spec_seconds")
+    __slots__ = (
+        "_expiry",
+        "_holders",
+        "_spec",
+        "_spec_count",
+        "_workers",
+        "budget_bytes",
+        "forgotten",
+        "orphans",
+        "spec_seconds",
+    )
 
     def __init__(self, *, budget_bytes: int, spec_seconds: float = 10.0) -> None:
         self.budget_bytes = budget_bytes
@@ -72,6 +82,8 @@ class BlockIndex:
         """key -> bit mask of the workers this process sent the block to, before their engines said so"""
         self._expiry: deque[tuple[float, int, int]] = deque()
         """(when, key, bit) of each speculative entry, oldest first"""
+        self._spec_count: dict[int, int] = {}
+        """bit -> how many speculative blocks the worker has"""
         self._holders: dict[int, int] = {}
         """key -> bit mask of the workers holding that block"""
         self._workers: dict[str, _Worker] = {}
@@ -126,9 +138,7 @@ class BlockIndex:
             w.blocks[engine_hash] = key
             holders[key] = holders.get(key, 0) | w.bit
             if key in spec:  # the engine's word replaces the router's guess
-                spec[key] &= ~w.bit
-                if not spec[key]:
-                    del spec[key]
+                self._unguess(key, w.bit)
         if self.estimated_bytes() > self.budget_bytes:
             self._shrink()
         return len(keys)
@@ -153,10 +163,8 @@ class BlockIndex:
             for key in w.blocks.values():
                 self._drop(key, w.bit)
             for _, key, bit in self._expiry:
-                if bit == w.bit and key in self._spec:
-                    self._spec[key] &= ~bit  # its bit may go to another worker: nothing of this one may stay
-                    if not self._spec[key]:
-                        del self._spec[key]
+                if bit == w.bit:
+                    self._unguess(key, bit)  # its bit may go to another worker: nothing of this one may stay
 
     def _drop(self, key: int, bit: int) -> None:
         mask = self._holders.get(key, 0) & ~bit
@@ -174,20 +182,29 @@ class BlockIndex:
         until = now + self.spec_seconds
         for key in block_keys(tokens, size, namespace):
             if not self._holders.get(key, 0) & w.bit:  # what its engine said it holds needs no guess
-                self._spec[key] = self._spec.get(key, 0) | w.bit
+                mask = self._spec.get(key, 0)
+                if not mask & w.bit:
+                    self._spec[key] = mask | w.bit
+                    self._spec_count[w.bit] = self._spec_count.get(w.bit, 0) + 1
                 self._expiry.append((until, key, w.bit))
         if not w.block_size:
             w.block_size = size
 
     def _expire(self, now: float) -> None:
-        expiry, spec = self._expiry, self._spec
+        expiry = self._expiry
         while expiry and expiry[0][0] <= now:
             _, key, bit = expiry.popleft()
-            mask = spec.get(key, 0) & ~bit
-            if mask:
-                spec[key] = mask
+            self._unguess(key, bit)
+
+    def _unguess(self, key: int, bit: int) -> None:
+        """The worker's speculative block ``key`` goes (expired, or its engine spoke)."""
+        mask = self._spec.get(key, 0)
+        if mask & bit:
+            if mask & ~bit:
+                self._spec[key] = mask & ~bit
             else:
-                spec.pop(key, None)
+                del self._spec[key]
+            self._spec_count[bit] -= 1
 
     def match(self, tokens: Sequence[int], namespace: str = "", now: float | None = None) -> dict[str, int]:
         """Tokens of the prompt ``tokens`` each worker holds (the consecutive run of its blocks from the first, its
@@ -220,9 +237,17 @@ class BlockIndex:
             blocks_by_bit.update((bit, blocks) for bit in _bits(alive))
         return {name: blocks_by_bit[w.bit] * block_size for name, w in self._workers.items() if w.bit in blocks_by_bit}
 
-    def blocks_of(self, worker: str) -> int:
+    def blocks_of(self, worker: str, *, speculative: bool = False, now: float | None = None) -> int:
+        """The blocks the worker's engine said it holds; with ``speculative``, its speculative ones too (as of
+        ``now``)."""
         w = self._workers.get(worker)
-        return 0 if w is None else len(w.blocks)
+        if w is None:
+            return 0
+        if not speculative:
+            return len(w.blocks)
+        if now is not None:
+            self._expire(now)
+        return len(w.blocks) + self._spec_count.get(w.bit, 0)
 
     def block_size_of(self, worker: str) -> int:
         w = self._workers.get(worker)

@@ -475,8 +475,9 @@ class RadixTree:
 
     # ------------------------------------------------------------------ accounting
 
-    def tenant_size(self, tenant: str) -> int:
-        """Chars held by ``tenant`` (sum of the edge lengths of its nodes). O(1)."""
+    def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
+        """Chars held by ``tenant`` (sum of the edge lengths of its nodes). O(1).  (``shared`` is for the indexes
+        that share the cache index seam with the tree and keep guesses of their own apart.)"""
         return self._sizes.get(tenant, 0)
 
     def tenant_sizes(self) -> dict[str, int]:

@@ -143,3 +143,15 @@ def test_a_speculative_entry_stands_until_the_engine_speaks_or_its_time_is_up() 
     index.speculate("a", doc, now=12.0)
     index.cleared("a")
     assert index.match(doc, now=13.0) == {}  # a worker emptied keeps no guess either
+
+
+def test_speculative_blocks_count_for_this_process_until_they_expire_or_the_engine_speaks() -> None:
+    index = BlockIndex(budget_bytes=10**6, spec_seconds=5.0)
+    doc = list(range(300, 316))  # 4 blocks of 4
+    store(index, "a", [9] * 4, 0, 1)  # one real block, blocks of 4
+    index.speculate("a", doc, now=0.0)
+    index.speculate("a", doc, now=1.0)  # the same blocks again: counted once
+    assert (index.blocks_of("a"), index.blocks_of("a", speculative=True, now=2.0)) == (1, 5)
+    store(index, "a", doc, 0, 2)  # the engine said two of them
+    assert (index.blocks_of("a"), index.blocks_of("a", speculative=True, now=2.0)) == (3, 5)
+    assert index.blocks_of("a", speculative=True, now=6.0) == 3  # the other two guesses expired

@@ -725,7 +725,7 @@ class _ExactIndex:
     def insert(self, text: str, tenant: str, tokens: object = None) -> None:
         self.prompts.setdefault(tenant, set()).add(text)
 
-    def tenant_size(self, tenant: str) -> int:
+    def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
         return sum(len(p) for p in self.prompts.get(tenant, ()))
 
 

@@ -13,10 +13,10 @@ NOW = 1000.0
 B = 16
 
 
-def fleet(tokenized: frozenset[str] = frozenset({"m"})):
+def fleet(tokenized: frozenset[str] = frozenset({"m"}), *, complete: bool = True):
     events = EventIndexes(budget_bytes=10**7, chars_per_token=1.0, tokenized=tokenized)
     factory = PolicyFactory(
-        settings=PolicySettings(tree_chars_per_token=1.0),
+        settings=PolicySettings(tree_chars_per_token=1.0, index_complete=complete),
         loads=Loads(slots=16),
         metrics=Metrics(),
         seed=1,
@@ -127,3 +127,18 @@ def test_a_burst_on_a_new_prefix_follows_its_first_request_before_the_engine_say
     for i in range(1, 6):  # the engine is still prefilling: no event yet
         d = policy.decide(workers[:2], request(doc + f"q{i}"), NOW)
         assert (d.worker, d.branch) == (first.worker, "hit")
+
+
+def test_replicas_place_a_new_prompt_alike_by_what_the_engines_said_whatever_they_sent_themselves() -> None:
+    """One of several replicas places by what every replica sees alike: the engines' events (here the second worker
+    already holds a group, so a new one goes elsewhere), never its own prefills or guesses."""
+    placed = []
+    for busy in (0, 1):
+        events, policy, workers = fleet(complete=False)
+        pair = workers[:2]
+        stored(events, pair[1].url, list(("a group the engine holds " * 10).encode()))
+        if busy:  # this replica alone sent the first worker a burst that is still prefilling
+            pair[0].prefilling = 5
+            policy.decide(pair, request("another replica's own burst " * 10), NOW)
+        placed.append(policy.decide(pair, request("a new group " * 12), NOW).worker.url)
+    assert placed[0] == placed[1] == workers[0].url
