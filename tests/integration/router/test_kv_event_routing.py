@@ -125,14 +125,20 @@ async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_evictio
 
     hosts = [next_host(), next_host()]
     sims = [start_sim(logs, host=h, extra=[*events_at(h), "--kv-capacity", "3000"]) for h in hosts]
-    router = start_router(logs, args=["--tokenizer", f"{MODEL}={TOKENIZER_DIR}"], admin_key="k")
+    # two replicas that never talk (no peers): what each knows of the manual comes from the engines
+    router, other = (
+        start_router(logs, args=["--tokenizer", f"{MODEL}={TOKENIZER_DIR}", "--router-replicas", "2"], admin_key="k")
+        for _ in range(2)
+    )
     try:
         for sim in sims:
             info = http_json("GET", sim.url + "/server_info")[1]["kv_events"]
             where = {"endpoint": info["endpoint"], "replay_endpoint": info["replay_endpoint"]}
-            status, body = router.admin("POST", "/workers", {"url": sim.url, "model_id": MODEL, "kv_events": where})
-            assert status == 201, body
+            for r in (router, other):
+                status, body = r.admin("POST", "/workers", {"url": sim.url, "model_id": MODEL, "kv_events": where})
+                assert status == 201, body
         router.wait_routable(2)
+        other.wait_routable(2)
         by_url = {w["url"]: w["id"] for w in router.workers()}
         doc = f"{uuid.uuid4()} the manual every question of this group shares. " * 12
 
@@ -162,6 +168,7 @@ async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_evictio
             await straight_to(sims[1], "first?")
             for i in range(3):
                 assert await chat(router.url, f"through the router {i}?") == by_url[sims[1].url]
+            assert await chat(other.url, "through the other replica?") == by_url[sims[1].url]
             await straight_to(sims[0], "also here?")
             # the second engine fills its cache with other prompts: the manual is evicted there
             removed_before = metric_value(router.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="removed")
@@ -178,7 +185,18 @@ async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_evictio
                 what="the router to hear the eviction",
             )
             assert await chat(router.url, "after the eviction?") == by_url[sims[0].url]
+            # the other replica, told nothing by this one, knows of the eviction from the engine alone
+            await asyncio.to_thread(
+                wait_until,
+                lambda: (
+                    metric_value(other.metrics(), "smg_kv_events_total", worker=sims[1].url, kind="removed")
+                    > removed_before
+                ),
+                what="the other replica to hear the eviction",
+            )
+            assert await chat(other.url, "through the other replica again?") == by_url[sims[0].url]
     finally:
+        other.stop()
         router.stop()
         for sim in sims:
             sim.stop()
