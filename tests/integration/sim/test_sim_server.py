@@ -250,6 +250,7 @@ async def test_loads_shape(sim: SimProcess, http: aiohttp.ClientSession) -> None
         "gen_throughput": float,
         "cache_hit_rate": float,
         "utilization": float,
+        "max_running_requests": int,  # SGLang reports it per rank: the router's load gate reads it
     }
     assert set(rank) == set(expected)
     for key, kind in expected.items():
