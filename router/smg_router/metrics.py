@@ -453,6 +453,22 @@ class Metrics:
             ("worker",),
             registry=r,
         )
+        self.kv_events_synced = GaugeFamily(
+            "smg_kv_events_synced",
+            "1 while the worker is routed on its KV events (its index follows every event since it was last empty), "
+            "0 while it is routed on the approximate tree after its stream lost batches",
+            ("worker",),
+            registry=r,
+        )
+        self.kv_events_lag_family = HistogramFamily(
+            "smg_kv_events_lag_seconds",
+            "From the time an engine stamped a KV event batch to the time the router applied it (engines' clocks "
+            "more than an hour off are left out)",
+            (),
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.kv_events_lag = self.kv_events_lag_family.labels()
         self.peer_records_sent = CounterFamily(
             "smg_peer_records_sent",
             "Routes told to a peer router (--peer, --peers-dns), by outcome: sent (acknowledged), failed (the batch "
@@ -515,8 +531,12 @@ class Metrics:
         for gauge in (self.worker_inflight, self.worker_backend_load, self.worker_kv_capacity, self.worker_healthy):
             gauge.remove(worker, role)
         self.worker_poll_errors.remove_by_labels({"worker": worker})
-        self.kv_events.remove_by_labels({"worker": worker})
-        self.kv_events_unsynced.remove_by_labels({"worker": worker})
+        self.forget_kv_events(worker)
+
+    def forget_kv_events(self, worker: str) -> None:
+        """Drop the series of a worker's KV event stream (it stopped, or the worker left)."""
+        for family in (self.kv_events, self.kv_events_unsynced, self.kv_events_synced):
+            family.remove_by_labels({"worker": worker})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -531,6 +551,7 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_cache_tree_bytes": lambda a, b: a + b,  # the pod's memory
     "smg_kv_index_bytes": lambda a, b: a + b,  # each process keeps its own index: the pod's memory
     "smg_kv_index_blocks": max,  # every process reads the same events
+    "smg_kv_events_synced": min,  # routed on its events in every process
     "smg_peers_in_sync": min,  # in sync in every process
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms

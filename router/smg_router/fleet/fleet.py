@@ -35,7 +35,11 @@ class Fleet:
         metrics: Metrics,
         events: EventIndexes | None = None,
     ) -> None:
-        self.feeds = None if events is None else KvFeeds(events=events, metrics=metrics)
+        self.feeds = (
+            None
+            if events is None
+            else KvFeeds(events=events, metrics=metrics, loads=loads, on_index_change=lambda: policies.sync(registry))
+        )
         self.lifecycle = Lifecycle(
             registry=registry, policies=policies, loads=loads, metrics=metrics, retry=settings.retry, feeds=self.feeds
         )

@@ -7,10 +7,12 @@ counting from 0 per publisher; ``payload`` one msgpack batch (``decode``).  Its 
 
 What this module promises: the batches handed to ``on_batch`` are in sequence order, each at most once.  Where a
 batch is lost to the router (the buffer no longer holds it, no replay socket, no answer within
-``replay_timeout``, a payload that does not decode, the engine restarted and counts from 0 again) ``on_unsynced``
-is called and the stream goes on from the next batch it has: what the index built for this worker may then be
-wrong, and the index decides what to do.  What it does not promise: that a batch ever arrives (ZMQ drops at its
-high-water mark; a gap shows only when a later batch comes), or anything across two workers.
+``replay_timeout``, a payload that does not decode) ``on_unsynced`` is called and the stream goes on from the next
+batch it has: what the index built for this worker may then be wrong, and the index decides what to do.  A
+sequence that goes back is an engine that restarted, with an empty cache, counting from 0 again:
+``on_restarted`` is called, and its new batches are read from 0 (replayed, if the first live one is later).
+What it does not promise: that a batch ever arrives (ZMQ drops at its high-water mark; a gap shows only when a
+later batch comes), or anything across two workers.
 
 Nothing a worker sends stops the subscriber: malformed messages and undecodable payloads are counted (``Counts``)
 and skipped.  Reconnection is ZMQ's.  Started and stopped by its owner (the fleet), one named task per worker.
@@ -52,6 +54,7 @@ class Counts:
     invalid: int = 0
     replays: int = 0
     unsynced: int = 0
+    restarts: int = 0
 
 
 class Subscriber:
@@ -63,6 +66,7 @@ class Subscriber:
         endpoint: str,
         on_batch: Callable[[EventBatch], None],
         on_unsynced: Callable[[], None],
+        on_restarted: Callable[[], None] = lambda: None,
         replay_endpoint: str | None = None,
         topic: str = "",
         replay_timeout: float = 2.0,
@@ -81,6 +85,7 @@ class Subscriber:
         self.counts = Counts()
         self._on_batch = on_batch
         self._on_unsynced = on_unsynced
+        self._on_restarted = on_restarted
         self._on_count = on_count
         self._context = context or zmq.asyncio.Context.instance()
         self._next = 0  # the sequence number the next batch should carry
@@ -136,8 +141,12 @@ class Subscriber:
                 self._live_last,
                 seq,
             )
-            self._unsynced()
-            self._next = seq
+            self._next = 0
+            self.counts.restarts += 1
+            try:
+                self._on_restarted()
+            except Exception:
+                log.exception("kv events from %s: on_restarted failed", self.name)
         self._live_last = seq
         if seq > self._next and self.replay_endpoint is not None:
             await self._replay()

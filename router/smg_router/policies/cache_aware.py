@@ -52,7 +52,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.metrics import CounterSeries, Metrics
 from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest
-from smg_router.policies.index import CacheIndex, deepest
+from smg_router.policies.index import CacheIndex, EventIndex, deepest
 from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_score, within_gate
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
@@ -119,7 +119,10 @@ class CacheAwarePolicy(Policy):
         if events is not None:
             for w in workers:
                 index = events.index_of(w.url)
-                if index is not None and self._own.get(w.url) is not index:
+                if index is None:
+                    if isinstance(self._own.get(w.url), EventIndex):  # its events are not known whole now
+                        del self._own[w.url]  # the tree learns it from what is sent it
+                elif self._own.get(w.url) is not index:
                     self.attach_index(w.url, index)
         for w in workers:
             wanted.setdefault(w.model_id or "", set()).add(w.url)  # "": the workers of a model not known yet

@@ -89,8 +89,15 @@ class EventIndex:
 
 class EventIndexes:
     """Which workers are matched by their engines' KV events: one ``BlockIndex`` per model, shared by every policy
-    instance and fed by the subscribers (``kv_events``).  A worker is, once it was given an event source and the
-    router can tokenize its model's prompts (without a prompt's tokens its events could match nothing)."""
+    instance and fed by the subscribers (``kv_events``).  A worker is, once it was given an event source, the router
+    can tokenize its model's prompts (without a prompt's tokens its events could match nothing), and its events are
+    known whole.
+
+    A worker whose stream lost batches (``lost``) is not known whole: its entry is emptied and it is matched in the
+    approximate tree until its entry equals its engine's cache again: when the engine says its cache is empty
+    (``emptied``: a clear, a restart) or once it has stored, since the loss, as many tokens as its KV cache holds
+    (``learned``): every block it held then has been evicted or stored again, but for those kept by cache hits,
+    which publish nothing.  Its events are applied meanwhile, so the blocks they name are matched all along."""
 
     def __init__(
         self,
@@ -99,8 +106,10 @@ class EventIndexes:
         chars_per_token: float,
         tokenized: frozenset[str] = frozenset(),
         spec_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._spec_seconds = spec_seconds
+        self._clock = clock
         self._budget = budget_bytes
         self._chars_per_token = chars_per_token
         self.tokenized = tokenized
@@ -108,6 +117,8 @@ class EventIndexes:
         self._models: dict[str, EventIndex] = {}
         self._workers: dict[str, str] = {}
         """worker url -> model, of the workers given an event source"""
+        self._learning: dict[str, int] = {}
+        """worker url -> tokens its engine stored since its stream lost batches, of the workers not known whole"""
 
     def blocks(self, model: str) -> BlockIndex:
         """The model's block index (made on first use)."""
@@ -119,6 +130,7 @@ class EventIndexes:
             found = self._models[model] = EventIndex(
                 BlockIndex(budget_bytes=self._budget, spec_seconds=self._spec_seconds),
                 chars_per_token=self._chars_per_token,
+                clock=self._clock,
             )
         return found
 
@@ -130,13 +142,47 @@ class EventIndexes:
     def forget(self, worker_url: str) -> None:
         """The worker left, or its events stopped: what they said goes with it."""
         model = self._workers.pop(worker_url, None)
+        self._learning.pop(worker_url, None)
         if model is not None:
             self._models[model].blocks.cleared(worker_url)
+
+    def lost(self, worker_url: str) -> None:
+        """The worker's stream lost batches: its entry may name blocks its engine evicted, so it is emptied, and the
+        worker is matched in the tree until it is known whole again."""
+        model = self._workers.get(worker_url)
+        if model is not None:
+            self._models[model].blocks.cleared(worker_url)
+            self._learning[worker_url] = 0
+
+    def emptied(self, worker_url: str) -> bool:
+        """The worker's engine said its cache is empty (a clear, a restart): its entry is emptied and equals it.
+        True when that made the worker known whole again."""
+        model = self._workers.get(worker_url)
+        if model is not None:
+            self._models[model].blocks.cleared(worker_url)
+        return self._learning.pop(worker_url, None) is not None
+
+    def learned(self, worker_url: str, tokens: int, capacity: int | None) -> bool:
+        """The worker's engine stored ``tokens`` more; True when that made it known whole again (it has stored its
+        KV ``capacity`` in tokens since the loss; an unknown capacity waits for ``emptied``)."""
+        so_far = self._learning.get(worker_url)
+        if so_far is None:
+            return False
+        so_far += tokens
+        if capacity is None or so_far < capacity:
+            self._learning[worker_url] = so_far
+            return False
+        del self._learning[worker_url]
+        return True
+
+    def known_whole(self, worker_url: str) -> bool:
+        """Whether the worker's entry follows its engine's every event since the entry was last empty."""
+        return worker_url in self._workers and worker_url not in self._learning
 
     def index_of(self, worker_url: str) -> CacheIndex | None:
         """The worker's own index when it is matched by events, else None (the approximate tree)."""
         model = self._workers.get(worker_url)
-        if model is None or model not in self.tokenized:
+        if model is None or model not in self.tokenized or worker_url in self._learning:
             return None
         return self._models[model]
 

@@ -114,6 +114,73 @@ async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) 
             await engine.close()
 
 
+def cleared() -> bytes:
+    return msgspec.msgpack.encode([3.0, [["AllBlocksCleared"]], 0])
+
+
+async def test_a_stream_that_lost_batches_is_replayed_else_routed_on_the_tree_until_its_engine_is_known_again(
+    logs: Path,
+) -> None:
+    sims = [start_sim(logs) for _ in range(2)]
+    engines = [EnginePublisher(), EnginePublisher()]
+    tokenizer = byte_tokenizer(logs / "tokenizer")
+    args = ["--tokenizer", f"{MODEL}={tokenizer}", "--model-id", MODEL]
+    for sim, engine in zip(sims, engines, strict=True):
+        args += ["--kv-events", f"{sim.url}={engine.endpoint},{engine.replay_endpoint}"]
+    router = start_router(logs, workers=[s.url for s in sims], args=args)
+    engine, url = engines[0], sims[0].url
+    docs = [list(f"{uuid.uuid4()} document {i} of the lossy engine ".encode() * 4) for i in range(6)]
+    blocks = [len(ids) // BLOCK for ids in docs]
+
+    def seen(name: str, **labels: str) -> float:
+        return metric_value(router.metrics(), name, worker=url, **labels)
+
+    async def applied(stored_events: float, what: str) -> None:
+        await asyncio.to_thread(
+            wait_until, lambda: seen("smg_kv_events_total", kind="stored") >= stored_events, what=what
+        )
+
+    try:
+        router.wait_routable(2)
+        await asyncio.gather(*(e.subscribed() for e in engines))
+        await engine.publish(stored(docs[0], "0"))
+        await applied(1, "the first store")
+        # a batch lost on the live stream is asked of the replay socket: the index equals the engine's
+        await engine.publish(stored(docs[1], "1"), live=False)
+        await engine.publish(stored(docs[2], "2"))
+        await applied(3, "the lost batch replayed and the next one")
+        assert seen("smg_kv_index_blocks") == blocks[0] + blocks[1] + blocks[2]
+        assert seen("smg_kv_events_unsynced_total") == 0 and seen("smg_kv_events_synced") == 1
+        # one the replay buffer no longer holds: the entry is emptied, the worker routed on the tree
+        await engine.publish(stored(docs[3], "3"), live=False)
+        engine.forget_before(engine.seq)
+        await engine.publish(stored(docs[4], "4"))
+        await asyncio.to_thread(
+            wait_until, lambda: seen("smg_kv_events_unsynced_total") == 1, what="the loss to be reported"
+        )
+        assert seen("smg_kv_events_synced") == 0
+        assert seen("smg_kv_index_blocks") == blocks[4]  # what it said since the loss, and nothing from before
+        # the engine cleared its cache: its entry equals it again, and it is routed on its events
+        await engine.publish(cleared())
+        await asyncio.to_thread(
+            wait_until, lambda: seen("smg_kv_events_synced") == 1, what="the worker known whole again"
+        )
+        assert seen("smg_kv_index_blocks") == 0
+        # a restarted engine counts from 0 with an empty cache: followed from its first batch, nothing lost
+        engine.restart()
+        await engine.publish(stored(docs[5], "5"))
+        await applied(5, "the restarted engine's first store")
+        assert seen("smg_kv_index_blocks") == blocks[5]
+        assert seen("smg_kv_events_synced") == 1 and seen("smg_kv_events_unsynced_total") == 1
+        assert router.log().count("routed on the approximate index") == 1
+    finally:
+        router.stop()
+        for sim in sims:
+            sim.stop()
+        for e in engines:
+            await e.close()
+
+
 async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_eviction(logs: Path) -> None:
     """Real publishers: smg-sim engines that cache and evict, and say so in vLLM's format.  A chat sent straight to
     one engine is found by the router through the engine's shipped tokenizer and chat template; once that engine

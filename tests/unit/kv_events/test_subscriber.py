@@ -26,12 +26,17 @@ class Applied:
     def __init__(self) -> None:
         self.seqs: list[int] = []
         self.unsynced = 0
+        self.restarts: list[int] = []
+        """How many batches had been applied at each restart reported."""
 
     def on_batch(self, b: EventBatch) -> None:
         self.seqs.append(int(b.ts))
 
     def on_unsynced(self) -> None:
         self.unsynced += 1
+
+    def on_restarted(self) -> None:
+        self.restarts.append(len(self.seqs))
 
 
 async def until(condition: Callable[[], bool], within: float = 5.0) -> None:
@@ -64,6 +69,7 @@ async def subscribe(engine: EnginePublisher) -> AsyncIterator[Callable[..., Subs
             replay_endpoint=engine.replay_endpoint if replay else None,
             on_batch=applied.on_batch,
             on_unsynced=applied.on_unsynced,
+            on_restarted=applied.on_restarted,
             replay_timeout=replay_timeout,
             name="worker-0",
         )
@@ -178,7 +184,26 @@ async def test_an_engine_restart_is_reported_and_its_new_numbering_followed(engi
         await engine.publish(batch(100 + seq))  # timestamps tell the new batches apart
     await until(lambda: len(applied.seqs) == 7)
     assert applied.seqs == [0, 1, 2, 3, 4, 100, 101]
-    assert applied.unsynced == 1
+    assert applied.restarts == [5]  # before the restarted engine's first batch
+    assert applied.unsynced == 0  # nothing of its new run was lost
+
+
+async def test_a_restarted_engines_first_batches_missed_live_are_replayed_from_0(
+    engine: EnginePublisher, subscribe
+) -> None:
+    applied = Applied()
+    subscribe(applied)
+    await synced(engine, applied)
+    for seq in range(1, 5):
+        await engine.publish(batch(seq))
+    await until(lambda: len(applied.seqs) == 5)
+    engine.restart()
+    for seq in range(3):
+        await engine.publish(batch(100 + seq), live=seq == 2)  # its first two only in its replay buffer
+    await until(lambda: len(applied.seqs) == 8)
+    assert applied.seqs == [0, 1, 2, 3, 4, 100, 101, 102]
+    assert applied.restarts == [5]
+    assert applied.unsynced == 0
 
 
 @pytest.mark.timeout(60)

@@ -3,6 +3,8 @@ stored is found whoever sent it, and one it evicted stops drawing its requests a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.index import EventIndexes
@@ -13,8 +15,10 @@ NOW = 1000.0
 B = 16
 
 
-def fleet(tokenized: frozenset[str] = frozenset({"m"}), *, complete: bool = True):
-    events = EventIndexes(budget_bytes=10**7, chars_per_token=1.0, tokenized=tokenized)
+def fleet(
+    tokenized: frozenset[str] = frozenset({"m"}), *, complete: bool = True, clock: Callable[[], float] = lambda: NOW
+):
+    events = EventIndexes(budget_bytes=10**7, chars_per_token=1.0, tokenized=tokenized, clock=clock)
     factory = PolicyFactory(
         settings=PolicySettings(tree_chars_per_token=1.0, index_complete=complete),
         loads=Loads(slots=16),
@@ -142,3 +146,50 @@ def test_replicas_place_a_new_prompt_alike_by_what_the_engines_said_whatever_the
             policy.decide(pair, request("another replica's own burst " * 10), NOW)
         placed.append(policy.decide(pair, request("a new group " * 12), NOW).worker.url)
     assert placed[0] == placed[1] == workers[0].url
+
+
+def test_a_worker_whose_events_lost_batches_is_routed_on_the_tree_until_its_engine_cleared() -> None:
+    clock = [NOW]
+    events, policy, workers = fleet(clock=lambda: clock[0])
+    lossy, whole = workers[0], workers[1]
+    doc = "what the engine said before its stream lost batches " * 6
+    stored(events, lossy.url, list(doc.encode()))
+    events.lost(lossy.url)
+    policy.sync(workers)  # what the feeds ask when a worker stops being known whole
+    assert events.index_of(lossy.url) is None and not events.known_whole(lossy.url)
+    assert policy.decide(workers[:2], request(doc + "?"), NOW).matched == 0  # its entry was emptied
+    after = "stored after the loss, on the stream as it goes on " * 6
+    stored(events, lossy.url, list(after.encode()))
+    assert policy.decide(workers[:2], request(after + "?"), NOW).worker is lossy  # its new events are matched
+
+    prompts = [f"prompt {i} of a new group, long enough to be placed " * 4 for i in range(12)]
+    first = {p: policy.decide(workers[:2], request(p + "a"), NOW).worker for p in prompts}
+    assert {lossy, whole} <= set(first.values())
+    clock[0] += 100  # past the speculative entries' life: only what the engines said is left of the events
+    later = {p: policy.decide(workers[:2], request(p + "b"), clock[0]) for p in prompts}
+    for p, d in later.items():
+        # the tree remembers what it sent the lossy worker; the whole one is matched on its engine's word alone
+        assert (d.branch == "hit") == (first[p] is lossy), (p, first[p].url, d)
+
+    assert events.emptied(lossy.url)  # its engine cleared its cache: its entry is whole again
+    policy.sync(workers)
+    assert events.known_whole(lossy.url) and events.index_of(lossy.url) is not None
+    sent_lossy = [p for p in prompts if first[p] is lossy]
+    assert all(policy.decide(workers[:2], request(p + "c"), clock[0]).branch == "miss" for p in sent_lossy)
+
+
+def test_a_lossy_worker_is_known_whole_again_once_its_engine_stored_its_kv_capacity_anew() -> None:
+    events, _, workers = fleet()
+    url = workers[0].url
+    events.lost(url)
+    assert not events.learned(url, 600, capacity=1000)
+    assert events.index_of(url) is None
+    assert events.learned(url, 400, capacity=1000)  # every block it held at the loss is gone or stored again
+    assert events.known_whole(url) and events.index_of(url) is not None
+    assert not events.learned(url, 10**6, capacity=1000)  # a whole worker has nothing to learn
+
+    events.lost(url)
+    assert not events.learned(url, 10**9, capacity=None)  # an unknown capacity: only a clear or restart says
+    assert not events.known_whole(url)
+    assert events.emptied(url) and events.known_whole(url)
+    assert not events.emptied(url)  # already whole: nothing changed
