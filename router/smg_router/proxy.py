@@ -39,7 +39,7 @@ from smg_router.policies.base import Policy
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.prompts import Tokenizer, prompt_tokens
 from smg_router.relay import RESPONSES, Relay
-from smg_router.request import KIND_OF, PD_ENDPOINTS, ProxyRequest, apply_routing_headers, cache_namespace
+from smg_router.request import KIND_OF, PD_ENDPOINTS, ProxyRequest, apply_routing_headers, kv_namespace
 from smg_router.response_ids import ResponseIds
 from smg_router.retry import RetryLoop
 from smg_router.settings import RetrySettings, RoutingSettings
@@ -103,8 +103,8 @@ class Proxy:
         apply_routing_headers(req, request.headers, self._routing.key_header)
         if req.tokens is None and (tokenizer := self._tokenizers.get(req.model)) is not None:
             kind = KIND_OF.get(req.endpoint)
-            if kind is not None and not cache_namespace(req.body):  # the events' namespaces are not matched yet
-                req.tokens = prompt_tokens(kind, req.body, tokenizer)
+            if kind is not None:
+                req.tokens, req.namespace = prompt_tokens(kind, req.body, tokenizer), kv_namespace(req.body)
         if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
             req.routing_key = prev  # the stored response is on one worker: before any session key
             req.worker_hint = self.response_ids.worker_of(prev)

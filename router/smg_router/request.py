@@ -36,6 +36,7 @@ from smg_router import wire
 from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge, RequestTimeout
 from smg_router.http_io import parse_json_object, read_body
 from smg_router.metrics import Metrics
+from smg_router.tree.blocks import namespace_of
 from smg_router.upload import StreamedUpload
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
@@ -88,6 +89,8 @@ class ProxyRequest:
     tokens: list[int] | None = None
     """The token ids of the engine's prompt when the router knows them (``prompts.prompt_tokens``): what the
     indexes of the engines' KV events match."""
+    namespace: str = ""
+    """The namespace of the prompt's KV blocks on the engine (``kv_namespace``), with ``tokens``."""
 
 
 def _content_text(content: Any) -> str:
@@ -176,6 +179,17 @@ def cache_namespace(body: dict[str, Any]) -> str:
         return ""  # the usual request: one set operation, no field looked up one by one
     parts = [f"{k}={v!r}" for k in NAMESPACE_FIELDS if (v := body.get(k)) not in (None, "", [])]
     return f"\x00{';'.join(parts)}\x00" if parts else ""
+
+
+def kv_namespace(body: dict[str, Any]) -> str:
+    """The namespace an engine caches the request's blocks in, as its KV events name it (``tree.blocks.namespace_of``):
+    the LoRA adapter (SGLang's ``lora_path``, a ``lora_name``) and the cache salt (vLLM's ``cache_salt``, SGLang's
+    ``extra_key``)."""
+    if body.keys().isdisjoint(NAMESPACE_FIELDS):
+        return ""
+    lora = next((v for k in ("lora_name", "lora_path") if isinstance(v := body.get(k), str) and v), None)
+    salt = next((v for k in ("cache_salt", "extra_key") if isinstance(v := body.get(k), str) and v), None)
+    return namespace_of(lora, salt)
 
 
 def messages_text_and_head(body: dict[str, Any]) -> tuple[str, int]:
@@ -424,7 +438,7 @@ def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_hea
             namespace = cache_namespace(req.body)
             req.text = namespace + tokens_text(ids)
             req.head = 0  # ids carry no conversation structure the router can see
-            req.tokens = None if namespace else ids  # the events' namespaces are not matched yet: text only
+            req.tokens, req.namespace = ids, kv_namespace(req.body)
 
 
 class Admission:

@@ -26,6 +26,8 @@ class RouteRequest:
     """A worker known to hold the request's state (a previous response)."""
     tokens: list[int] | None = None
     """The engine prompt's token ids, when known: what an index of KV events matches."""
+    namespace: str = ""
+    """Their KV namespace (``tree.blocks.namespace_of``)."""
 
 
 def make_worker(n: int, *, model: str = "m", role: str = "regular", labels: dict[str, str] | None = None) -> Worker:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from smg_router.kv_events import Cleared, EventBatch, Removed, Stored, Subscriber
 from smg_router.metrics import Metrics
 from smg_router.policies.index import EventIndexes
+from smg_router.tree.blocks import namespace_of
 from smg_router.workers.load import LoadView
 from smg_router.workers.worker import KvEventsSpec, Worker, worker_id_for
 
@@ -133,7 +134,7 @@ class KvFeeds:
                         parent=event.parent,
                         tokens=event.token_ids,
                         block_size=event.block_size,
-                        namespace=event.namespace or "",
+                        namespace=event_namespace(event),
                     )
                     stored += len(event.token_ids)
             elif isinstance(event, Removed):
@@ -180,3 +181,10 @@ class KvFeeds:
         for url in list(self._feeds):
             self._stop(url)
         await asyncio.gather(*self._stopping, return_exceptions=True)
+
+
+def event_namespace(event: Stored) -> str:
+    """The namespace of the event's blocks as a request names it: its LoRA adapter by name (one known by its id only
+    is one no request names; id 0 is none, as some publishers say it) and its cache salt."""
+    lora = event.lora_name or (f"#{event.lora_id}" if event.lora_id else None)
+    return namespace_of(lora, event.namespace)

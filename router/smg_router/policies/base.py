@@ -49,6 +49,12 @@ class RouteRequest(Protocol):
         ...
 
     @property
+    def namespace(self) -> str:
+        """The namespace of the prompt's KV blocks on the engine (``tree.blocks.namespace_of``: its LoRA adapter,
+        its cache salt); "" for none."""
+        ...
+
+    @property
     def routing_key(self) -> str | None:
         """A key that pins the request to a worker by rendezvous hashing (``sticky``); None: the policy chooses."""
         ...

@@ -171,8 +171,8 @@ class CacheAwarePolicy(Policy):
         if not self._own:  # every worker's index is the tree: match and insert in one descent
             tree.match_and_insert(text, choose)
         else:
-            url = choose(deepest(text, req.tokens, self._indexes(tree, workers)))
-            self._index_of(tree, url).insert(text, url, req.tokens)
+            url = choose(deepest(text, req.tokens, self._indexes(tree, workers), req.namespace))
+            self._index_of(tree, url).insert(text, url, req.tokens, req.namespace)
         assert decision is not None  # match_and_insert always asks
         self._hold(decision.worker.url, key)
         return decision
@@ -180,8 +180,8 @@ class CacheAwarePolicy(Policy):
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
         """A session key chose ``worker``: the engine will cache the prompt there, so the index says so."""
         index = self._index_of(self._tree(req.model), worker.url)
-        held = index.match(req.text, req.tokens)
-        index.insert(req.text, worker.url, req.tokens)
+        held = index.match(req.text, req.tokens, req.namespace)
+        index.insert(req.text, worker.url, req.tokens, req.namespace)
         key_text = self._key_text(req.text, req.head)
         self._hold(worker.url, placement_key(key_text, self.ctx.settings.placement_prefix_chars))
         matched = held.matched_chars if worker.url in held.tenants else 0

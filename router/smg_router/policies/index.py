@@ -21,14 +21,15 @@ NO_MATCH = Match(0, frozenset())
 
 class CacheIndex(Protocol):
     """One model's prompts as a set of workers (tenants, by URL) hold them.  A prompt is its routing text and,
-    when the router knows them, the token ids of the engine's prompt (``prompts``): an index keys one or the other."""
+    when the router knows them, the token ids of the engine's prompt (``prompts``) in their namespace
+    (``tree.blocks.namespace_of``): an index keys one or the other."""
 
-    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
+    def match(self, text: str, tokens: Sequence[int] | None = None, namespace: str = "") -> Match:
         """The longest prefix of the prompt any tenant holds (in chars of ``text``), and the tenants that hold all
         of it."""
         ...
 
-    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None, namespace: str = "") -> None:
         """The prompt was sent to ``tenant``: its engine caches it now (or will, when its prefill is done)."""
         ...
 
@@ -38,11 +39,11 @@ class CacheIndex(Protocol):
         ...
 
 
-def deepest(text: str, tokens: Sequence[int] | None, indexes: Iterable[CacheIndex]) -> Match:
+def deepest(text: str, tokens: Sequence[int] | None, indexes: Iterable[CacheIndex], namespace: str = "") -> Match:
     """The deepest match of the prompt over ``indexes``, with the tenants of every index that match that deep."""
     best = NO_MATCH
     for index in indexes:
-        found = index.match(text, tokens)
+        found = index.match(text, tokens, namespace)
         if found.matched_chars > best.matched_chars:
             best = found
         elif found.matched_chars and found.matched_chars == best.matched_chars:
@@ -66,19 +67,19 @@ class EventIndex:
         self._chars_per_token = chars_per_token
         self._clock = clock
 
-    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
+    def match(self, text: str, tokens: Sequence[int] | None = None, namespace: str = "") -> Match:
         if not tokens:
             return NO_MATCH
-        held = self.blocks.match(tokens, now=self._clock())
+        held = self.blocks.match(tokens, namespace, now=self._clock())
         if not held:
             return NO_MATCH
         deepest = max(held.values())
         tenants = frozenset(url for url, n in held.items() if n == deepest)
         return Match(len(text) * min(deepest, len(tokens)) // len(tokens), tenants)
 
-    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None, namespace: str = "") -> None:
         if tokens:
-            self.blocks.speculate(tenant, tokens, self._clock())
+            self.blocks.speculate(tenant, tokens, self._clock(), namespace)
 
     def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
         """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap): those its engine

@@ -33,6 +33,12 @@ KEY_BYTES = 100
 """Estimated bytes of one distinct block: its key, the holders' bit mask, the dict slot."""
 
 
+def namespace_of(lora: str | None, salt: str | None) -> str:
+    """The namespace of a prompt's blocks: its LoRA adapter and its cache salt, as both the engines' events and the
+    requests name them ("" for neither): an engine never shares blocks across them."""
+    return f"{lora or ''}\x00{salt or ''}" if lora or salt else ""
+
+
 def block_keys(tokens: Sequence[int], block_size: int, namespace: str = "", start: int | None = None) -> list[int]:
     """The chained keys of the full blocks of ``tokens``; ``start``: the key of the block before them (none: the
     root of ``namespace`` and ``block_size``)."""

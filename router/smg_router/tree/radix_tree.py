@@ -176,15 +176,16 @@ class RadixTree:
         dead = self._dead
         return any(t in dead and _grave_of(node, dead[t]) is not None for t in node.tenants)
 
-    def match(self, text: str, tokens: Sequence[int] | None = None) -> Match:
-        """Longest-prefix match of ``text``. Does not modify LRU state.  (``tokens`` are for the indexes of token
-        ids that share the cache index seam with the tree; the tree keys text.)"""
+    def match(self, text: str, tokens: Sequence[int] | None = None, namespace: str = "") -> Match:
+        """Longest-prefix match of ``text``. Does not modify LRU state.  (``tokens`` and ``namespace`` are for the
+        indexes of token ids that share the cache index seam with the tree; the tree keys text, which begins with
+        its cache namespace's marker.)"""
         node, child, pos, k = self._walk(text)
         return self._match_of(node, child, pos, k)
 
     # ------------------------------------------------------------------ insert
 
-    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None) -> None:
+    def insert(self, text: str, tenant: str, tokens: Sequence[int] | None = None, namespace: str = "") -> None:
         """Record that ``tenant`` holds every prefix of ``text`` and refresh its ticks on the path.
 
         Inserting ``""`` is a no-op (the tenant holds nothing new and is not registered).

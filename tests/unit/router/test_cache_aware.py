@@ -710,7 +710,7 @@ class _ExactIndex:
     def __init__(self) -> None:
         self.prompts: dict[str, set[str]] = {}
 
-    def match(self, text: str, tokens: object = None) -> Any:
+    def match(self, text: str, tokens: object = None, namespace: str = "") -> Any:
         from smg_router.tree import Match
 
         best, holders = 0, set()
@@ -722,7 +722,7 @@ class _ExactIndex:
                 holders.add(tenant)
         return Match(best, frozenset(holders))
 
-    def insert(self, text: str, tenant: str, tokens: object = None) -> None:
+    def insert(self, text: str, tenant: str, tokens: object = None, namespace: str = "") -> None:
         self.prompts.setdefault(tenant, set()).add(text)
 
     def tenant_size(self, tenant: str, *, shared: bool = False) -> int:

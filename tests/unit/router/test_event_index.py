@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
+import pytest
+from smg_router.fleet.kv_feeds import event_namespace
+from smg_router.kv_events import Stored, decode_batch
 from smg_router.metrics import Metrics
+from smg_router.policies.base import Decision
 from smg_router.policies.factory import PolicyFactory
 from smg_router.policies.index import EventIndexes
+from smg_router.request import kv_namespace
 from smg_router.settings import PolicySettings
+from smg_router.tree.blocks import namespace_of
 from support.policy_env import Loads, RouteRequest, make_worker
 
 NOW = 1000.0
@@ -193,3 +200,63 @@ def test_a_lossy_worker_is_known_whole_again_once_its_engine_stored_its_kv_capac
     assert not events.known_whole(url)
     assert events.emptied(url) and events.known_whole(url)
     assert not events.emptied(url)  # already whole: nothing changed
+
+
+def test_blocks_are_matched_in_their_namespace_only_a_lora_adapter_or_a_cache_salt() -> None:
+    events, policy, workers = fleet()
+    salted, plain = workers[0], workers[1]
+    doc = "a document cached under a salt on one engine and plainly on the other " * 4
+    ids = list(doc.encode())
+    salt = namespace_of(None, "tenant-a")
+    blocks = len(ids) // B
+    events.blocks("m").stored(
+        salted.url,
+        hashes=[("s", i) for i in range(blocks)],
+        parent=None,
+        tokens=ids[: blocks * B],
+        block_size=B,
+        namespace=salt,
+    )
+    stored(events, plain.url, ids)
+
+    def ask(namespace: str) -> Decision:
+        return policy.decide(workers[:2], RouteRequest("m", doc + "?", tokens=ids, namespace=namespace), NOW)
+
+    assert (ask(salt).worker, ask(salt).branch) == (salted, "hit")
+    assert (ask("").worker, ask("").branch) == (plain, "hit")
+    assert ask(namespace_of(None, "tenant-b")).matched == 0  # another salt shares nothing
+    assert ask(namespace_of("sql-adapter", None)).matched == 0  # nor does a LoRA adapter
+
+
+@pytest.mark.parametrize(
+    ("event", "body"),
+    [
+        # vLLM: the salt is the first block's extra key; a LoRA adapter by name
+        (["BlockStored", [1], None, [5] * B, B, None, "GPU", None, [["s1"]]], {"cache_salt": "s1"}),
+        (["BlockStored", [1], None, [5] * B, B, 3, "GPU", "sql", None], {"lora_name": "sql"}),
+        (
+            ["BlockStored", [1], None, [5] * B, B, 3, "GPU", "sql", [["sql", "s1"]]],
+            {"lora_name": "sql", "cache_salt": "s1"},
+        ),
+        # SGLang: the salt in its trailing metadata (its requests' extra_key); an adapter by its lora_path
+        (["BlockStored", [1], None, [5] * B, B, None, "GPU", {"cache_salt": "k"}], {"extra_key": "k"}),
+        (
+            {
+                "type": "BlockStored",
+                "block_hashes": [1],
+                "parent_block_hash": None,
+                "token_ids": [5] * B,
+                "block_size": B,
+                "lora_name": "a1",
+                "cache_salt": "k",
+            },
+            {"lora_path": "a1", "extra_key": "k"},
+        ),
+        # none: a base-model block (lora id 0 is none, as some publishers say it)
+        (["BlockStored", [1], None, [5] * B, B, 0, "GPU", None], {}),
+    ],
+)
+def test_an_events_namespace_is_the_one_its_request_names(event: object, body: dict[str, str]) -> None:
+    (stored_event,) = decode_batch(msgspec.msgpack.encode([1.0, [event], 0])).events
+    assert isinstance(stored_event, Stored)
+    assert event_namespace(stored_event) == kv_namespace(body)

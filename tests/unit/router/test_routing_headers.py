@@ -15,6 +15,7 @@ from smg_router.request import (
 )
 from smg_router.response_ids import ResponseIds, id_of_body, id_of_events
 from smg_router.settings import RetrySettings, RoutingSettings, parse_settings
+from smg_router.tree.blocks import namespace_of
 from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.registry import WorkerRegistry
 from support.policy_env import Env, make_worker
@@ -45,6 +46,7 @@ def test_routing_tokens_replace_the_text_after_the_namespace_marker() -> None:
     apply_routing_headers(req, {ROUTING_TOKENS_HEADER: "1, 2,3"}, KEY)
     assert req.text == marker + routing_tokens_text("1,2,3")
     assert req.head == 0
+    assert req.tokens == [1, 2, 3] and req.namespace == namespace_of(None, "s1")  # matched in the salt's blocks
 
 
 def test_token_prefixes_are_text_prefixes_and_never_match_text() -> None:
