@@ -26,6 +26,7 @@ from smg_router.prompts import Tokenizer, TokenizerError
 from smg_router.proxy import Proxy
 from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
+from smg_router.tree import share_budget
 from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
@@ -203,7 +204,19 @@ class RouterCore:
         between two (no request waits behind a big job)."""
         while True:
             await asyncio.sleep(TREE_CHECK_INTERVAL)
+            self.share_memory()
             await run_tree_upkeep(self.policies)
+
+    def share_memory(self) -> None:
+        """The trees and the indexes of the engines' KV events share ``--tree-memory-budget``
+        (``tree.share_budget``): each may grow into the room the others leave; past it, each is cut in proportion."""
+        trees = sum(n for *_, n in self.policies.tree_bytes())
+        indexes = list(self.events.models().values())
+        held = [trees, *(index.estimated_bytes() for index in indexes)]
+        tree_budget, *index_budgets = share_budget(self.settings.policy.tree_memory_budget, held)
+        self.policies.tree_budget = tree_budget
+        for index, n in zip(indexes, index_budgets, strict=True):
+            index.fit(n)
 
 
 async def run_tree_upkeep(policies: PolicyRegistry) -> None:

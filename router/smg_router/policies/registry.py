@@ -11,6 +11,7 @@ and the trees of dropped instances until their nodes are reclaimed), under one b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -110,6 +111,15 @@ class PolicyRegistry:
         """Every instance's upkeep at once (tests, tools); the router runs ``tree_upkeep`` in slices."""
         for _, policy in self.instances():
             policy.maintain()
+
+    @property
+    def tree_budget(self) -> int:
+        """The bytes every tree together may hold (``--tree-memory-budget``, less what other indexes hold)."""
+        return self._upkeep.limits.budget_bytes
+
+    @tree_budget.setter
+    def tree_budget(self, n: int) -> None:
+        self._upkeep.limits = dataclasses.replace(self._upkeep.limits, budget_bytes=n)
 
     def tree_upkeep(self) -> Iterator[None]:
         """One round of upkeep of every tree (``tree.Upkeep``), yielding between slices of a few ms."""

@@ -2,6 +2,6 @@
 
 from .eviction import Eviction
 from .radix_tree import Match, RadixTree
-from .upkeep import Limits, Upkeep
+from .upkeep import Limits, Upkeep, share_budget
 
-__all__ = ["Eviction", "Limits", "Match", "RadixTree", "Upkeep"]
+__all__ = ["Eviction", "Limits", "Match", "RadixTree", "Upkeep", "share_budget"]

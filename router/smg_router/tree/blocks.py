@@ -265,6 +265,12 @@ class BlockIndex:
     def estimated_bytes(self) -> int:
         return KEY_BYTES * len(self._holders) + ENTRY_BYTES * sum(len(w.blocks) for w in self._workers.values())
 
+    def fit(self, budget_bytes: int) -> None:
+        """A new budget (it is shared with other indexes): the index is brought under it now if it is over."""
+        self.budget_bytes = budget_bytes
+        if self.estimated_bytes() > budget_bytes:
+            self._shrink()
+
     def _shrink(self) -> None:
         """Forget the oldest blocks of the worker with the most until the index is 90% of its budget."""
         target = self.budget_bytes * 9 // 10

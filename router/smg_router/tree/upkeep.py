@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 from .eviction import Eviction
 from .radix_tree import RadixTree
 
-__all__ = ["Limits", "Upkeep"]
+__all__ = ["Limits", "Upkeep", "share_budget"]
 
 K = TypeVar("K")
 _BUDGET_ROUNDS = 4
@@ -41,6 +41,15 @@ class Limits:
     low_water_ratio: float = 0.8
     """Over the budget, the trees are brought down to ``budget_bytes`` times this; a tenant past its own cap, to its
     cap times this."""
+
+
+def share_budget(budget: int, held: Sequence[int]) -> list[int]:
+    """The bytes each of several indexes sharing one budget may hold, from what each holds now (``held``): while
+    they fit, each may grow into the room left free; past the budget, each is cut in proportion to what it holds."""
+    total = sum(held)
+    if total <= budget:
+        return [n + budget - total for n in held]
+    return [n * budget // total for n in held]
 
 
 class Upkeep(Generic[K]):

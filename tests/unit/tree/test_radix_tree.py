@@ -23,7 +23,7 @@ def edges(nodes, tree: RadixTree) -> dict[str, dict[str, int]]:
 
 
 def test_package_exports_and_docstring() -> None:
-    assert tree_pkg.__all__ == ["Eviction", "Limits", "Match", "RadixTree", "Upkeep"]
+    assert tree_pkg.__all__ == ["Eviction", "Limits", "Match", "RadixTree", "Upkeep", "share_budget"]
     assert tree_pkg.__doc__ == "tree: pure, synchronous, no I/O."
     assert tree_pkg.Match is Match and tree_pkg.RadixTree is RadixTree
 
