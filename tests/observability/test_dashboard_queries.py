@@ -268,6 +268,10 @@ def test_the_dashboard_covers_the_required_panels() -> None:
         "PD requests",
         "Prefill holds and claims",
         "Cache-aware decisions by branch",
+        "KV events by kind",
+        "KV event lag",
+        "Workers routed on their KV events",
+        "KV event index",
         "Reconciles by result",
         "Router call errors",
     ):
