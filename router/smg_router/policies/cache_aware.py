@@ -309,10 +309,11 @@ class CacheAwarePolicy(Policy):
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
         none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
         requests, then the first by rendezvous rank.  When the index is not complete (one of several replicas): by
-        what every replica sees alike only, the engines' events (room, prompts held, then rank) when every worker has
-        them, else by rank alone."""
-        shared = not self.ctx.settings.index_complete
-        if shared and not all(w.url in self._own for w in workers):
+        what every replica sees alike only, the engines' events, when every worker has them (``_place_shared``),
+        else by rank alone."""
+        if not self.ctx.settings.index_complete:
+            if all(w.url in self._own for w in workers):
+                return self._place_shared(workers, ok, key, size)
             return rendezvous_pick(workers, ok, key)
         tree = self._trees[model]
         best: tuple[bool, int, int, int] | None = None
@@ -321,14 +322,27 @@ class CacheAwarePolicy(Policy):
             if ok[i]:
                 index = self._index_of(tree, w.url)
                 rank = (
-                    self._has_room(index, w, size, key, shared),
-                    -self._prompts_held(index, w, size, shared),
-                    0 if shared else -w.prefilling,  # this router's own: another replica sees other counts
+                    self._has_room(index, w, size, key),
+                    -self._prompts_held(index, w, size),
+                    -w.prefilling,
                     rendezvous_score(key, w.id),
                 )
                 if best is None or rank > best:
                     best, chosen = rank, i
         return chosen  # the least loaded worker is always within the gate
+
+    def _place_shared(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int) -> int:
+        """Placement by the engines' events alone: of the workers within the gate with room for the prompt (all when
+        none has), the two its key ranks first by rendezvous, and of those the one holding fewer prompts (then the
+        first).  Two choices, not the fleet's least: every replica sees the same counts, and the engines tell of a
+        prompt only once it is prefilled, so a burst of new prompts would all go to the one the events show emptiest;
+        each prompt's own two spread them, and still go where fewer are."""
+        within = [i for i, w in enumerate(workers) if ok[i]]
+        roomy = [i for i in within if self._has_room(self._own[workers[i].url], workers[i], size, key, shared=True)]
+        ranked = sorted(roomy or within, key=lambda i: rendezvous_score(key, workers[i].id), reverse=True)
+        two = ranked[:2]
+        held = [self._prompts_held(self._own[workers[i].url], workers[i], size, shared=True) for i in two]
+        return two[held.index(min(held))]  # the first by rank on a tie
 
     def _prompts_held(self, index: CacheIndex, worker: Worker, size: int, shared: bool = False) -> int:
         """About how many prompts of ``size`` chars the worker's share of its index holds (a slot engine: the keys

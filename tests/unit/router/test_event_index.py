@@ -3,6 +3,7 @@ stored is found whoever sent it, and one it evicted stops drawing its requests a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import msgspec
@@ -153,6 +154,36 @@ def test_replicas_place_a_new_prompt_alike_by_what_the_engines_said_whatever_the
             policy.decide(pair, request("another replica's own burst " * 10), NOW)
         placed.append(policy.decide(pair, request("a new group " * 12), NOW).worker.url)
     assert placed[0] == placed[1] == workers[0].url
+
+
+def test_a_burst_of_new_prompts_spreads_though_every_replica_sees_one_worker_emptiest() -> None:
+    """The engines tell of a prompt once it is prefilled: until then every replica sees the same counts, so the
+    fleet's emptiest worker would draw a whole burst.  Each prompt's own two choices spread it, alike on every
+    replica, and still favour where fewer prompts are."""
+    chosen: list[list[str]] = []
+    for _ in range(2):  # two replicas fed the same events
+        events = EventIndexes(budget_bytes=10**8, chars_per_token=1.0, tokenized=frozenset({"m"}))
+        factory = PolicyFactory(
+            settings=PolicySettings(tree_chars_per_token=1.0, index_complete=False),
+            loads=Loads(slots=64),
+            metrics=Metrics(),
+            seed=1,
+            events=events,
+        )
+        workers = [make_worker(i) for i in range(2, 10)]
+        for w in workers:
+            events.publishes(w.url, "m")
+        for w in workers[1:]:  # every worker but the first holds groups already
+            stored(events, w.url, list(f"{w.url} holds a group of its own ".encode() * 40))
+        policy = factory.create("cache_aware", role="regular")
+        policy.sync(workers)
+        burst = [request(f"{i:03} a new prompt of a burst, unlike any other " * 3) for i in range(40)]
+        chosen.append([policy.decide(workers, r, NOW).worker.url for r in burst])
+    assert chosen[0] == chosen[1]  # every replica places each prompt alike
+    counts = Counter(chosen[0])
+    assert max(counts.values()) <= 20, counts  # not the whole burst on the emptiest worker
+    assert counts[workers[0].url] == max(counts.values()), counts  # which still draws the most
+    assert len(counts) >= 6, counts
 
 
 def test_a_worker_whose_events_lost_batches_is_routed_on_the_tree_until_its_engine_cleared() -> None:
