@@ -17,6 +17,8 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 # --- builder: a virtual environment in /opt/smg with SMG and its dependencies ------------------------------
+# /opt/smg/tokenizers/smg-sim is smg-sim's tokenizer (tokenizer.json, tokenizer_config.json) at a path that does
+# not name the Python version: the chart's routers load it to match the sims' KV events on token ids.
 FROM ${BASE_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY . /src
@@ -26,6 +28,9 @@ RUN python3 -m venv /opt/smg \
     else \
       /opt/smg/bin/pip install /src; \
     fi \
+ && mkdir /opt/smg/tokenizers \
+ && cp -R "$(/opt/smg/bin/python3 -c 'from smg_sim.tokenizer_files import TOKENIZER_DIR; print(TOKENIZER_DIR)')" \
+      /opt/smg/tokenizers/smg-sim \
  && /opt/smg/bin/pip uninstall --yes --quiet pip setuptools \
  && /opt/smg/bin/python3 -m compileall -q /opt/smg \
  && chmod -R a+rX /opt/smg

@@ -56,6 +56,23 @@ BAD = {
         "/networkPolicy/adminNamespaces/0",
     ),
     "admin peers not a list": ({"networkPolicy": {"adminFrom": {"podSelector": {}}}}, "/networkPolicy/adminFrom"),
+    "tokenizer without a path": ({"router": {"tokenizers": [{"model": "m"}]}}, "/router/tokenizers/0"),
+    "tokenizer at a relative path": (
+        {"router": {"tokenizers": [{"model": "m", "path": "tok/m"}]}},
+        "/router/tokenizers/0/path",
+    ),
+    "two models in one tokenizer entry": (
+        {"router": {"tokenizers": [{"model": "a,b", "path": "/t"}]}},
+        "/router/tokenizers/0/model",
+    ),
+    "tokenizer unknown key": ({"router": {"tokenizers": [{"model": "m", "path": "/t", "file": "x"}]}}, "file"),
+    "volume mount without a path": (
+        {"router": {"extraVolumeMounts": [{"name": "tokenizers"}]}},
+        "/router/extraVolumeMounts/0",
+    ),
+    "volumes not a list": ({"router": {"extraVolumes": {"name": "tokenizers"}}}, "/router/extraVolumes"),
+    "sim events port out of range": ({"sim": {"kvEvents": {"port": 0}}}, "/sim/kvEvents/port"),
+    "sim events unknown key": ({"sim": {"kvEvents": {"topic": "kv"}}}, "topic"),
 }
 
 

@@ -4,13 +4,15 @@ No ``# syntax`` line (it needs a registry), the base image a build argument (pyt
 scripts/build-base-image.sh's Debian image), a builder stage that makes a virtual environment from the build
 context, and a final stage that only copies it and runs ``smg-router`` in exec form as a numeric non-root uid
 with HOME in /tmp.  Checked for real: the builder's input (``pip wheel`` of the context) makes one wheel with
-the three commands the chart runs (smg-router, smg-operator, smg-sim).
+the three commands the chart runs (smg-router, smg-operator, smg-sim), and the builder's copy of smg-sim's
+tokenizer to the stable path the chart gives the router is one the router loads.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +121,24 @@ def test_builder_step_makes_a_wheel_with_the_three_commands(tmp_path: Path) -> N
     for package in ("smg_router", "smg_operator", "smg_sim"):
         assert f"{package}/__main__.py" in names, package
     assert not [n for n in names if n.startswith(("tests/", "charts/"))]
+
+
+def test_the_builder_copies_the_sims_tokenizer_where_the_chart_points_the_router(tmp_path: Path) -> None:
+    """The builder's ``cp -R "$(python3 -c '...')" /opt/smg/tokenizers/smg-sim``, run here with the same Python
+    snippet: the folder it copies is one the router loads, and it tokenizes as smg-sim does."""
+    from smg_router.prompts import Tokenizer
+    from smg_sim.tokens import encode
+
+    (run,) = [ins for ins in stages()[0] if ins.cmd == "RUN"]
+    found = re.search(r"""cp -R "\$\(/opt/smg/bin/python3 -c '([^']+)'\)"\s+(\S+)""", run.value[0])
+    assert found, run.value[0]
+    snippet, target = found.groups()
+    assert target == "/opt/smg/tokenizers/smg-sim"  # the chart's smg.simTokenizerPath
+    source = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True).stdout
+    copy = tmp_path / "smg-sim"
+    shutil.copytree(source.strip(), copy)
+    text = "<|user|>\nA prompt, as smg-sim counts its tokens.\n"
+    assert Tokenizer(copy).encode(text) == encode(text)
 
 
 def test_chart_runs_the_commands_of_the_image() -> None:

@@ -110,6 +110,20 @@ class Release:
                 self.forwards.remove(forward)
         return out
 
+    def workers_on_each_router(self) -> dict[str, list[dict[str, Any]]]:
+        """Router pod name → the workers its ``GET /workers`` lists, as it lists them."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.ready_pods("router"):
+            forward = self.connect(f"pod/{pod['metadata']['name']}", ROUTER_PORT)
+            try:
+                status, body = http_get(forward.url + "/workers")
+                assert status == 200, body
+                out[pod["metadata"]["name"]] = json.loads(body)["workers"]
+            finally:
+                forward.stop()
+                self.forwards.remove(forward)
+        return out
+
     def router_metrics(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for pod in self.ready_pods("router"):
@@ -255,6 +269,67 @@ def test_openai_requests_through_the_service_and_tree_hits(release: Release) -> 
             assert "".join(c.choices[0].text for c in stream if c.choices)
     after = sum(metric_value(t, "smg_cache_tree_hits_total") for t in release.router_metrics().values())
     assert after - before >= 8, f"tree hits went from {before} to {after} over 12 shared-prefix requests"
+
+
+def test_the_routers_follow_the_sims_kv_events_and_a_repeated_prefix_lands_on_one_sim(
+    release: Release, figures: dict[str, Any]
+) -> None:
+    """The chart's sims publish KV events, their SMGWorkers carry spec.kvEvents, and the routers hold the sim's
+    tokenizer from the image: every router subscribes to every sim, and a long prefix asked again and again through
+    the Service is stored by one sim only and answered from its cache."""
+    sims = release.sim_urls()
+    ips = {url.removeprefix("http://").rpartition(":")[0] for url in sims}
+    for pod, workers in release.workers_on_each_router().items():
+        events = {w["url"]: w.get("kv_events") for w in workers}
+        assert events == {
+            f"http://{ip}:8000": {"endpoint": f"tcp://{ip}:5557", "replay_endpoint": f"tcp://{ip}:5558", "topic": ""}
+            for ip in ips
+        }, (pod, events)
+    wait_until(
+        lambda: all(
+            metric_value(text, "smg_kv_events_synced", worker=url) == 1
+            for text in release.router_metrics().values()
+            for url in sims
+        ),
+        timeout=60,
+        interval=1,
+        what="both routers routing on both sims' events",
+    )
+    before = release.router_metrics()
+    prefix = "A long document every question of this test repeats, word for word, to the same engine. " * 20
+    cached = []
+    with release.openai() as client:
+        for i in range(10):
+            reply = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"{prefix} question {i}"}], max_tokens=2
+            )
+            assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+            cached.append(reply.usage.prompt_tokens_details.cached_tokens or 0)
+
+    def stored() -> dict[str, dict[str, float]]:
+        """Router pod -> sim -> the sim's stored events that router read since ``before``."""
+        after = release.router_metrics()
+        return {
+            pod: {
+                url: metric_value(after[pod], "smg_kv_events_total", worker=url, kind="stored")
+                - metric_value(before.get(pod, ""), "smg_kv_events_total", worker=url, kind="stored")
+                for url in sims
+            }
+            for pod in after
+        }
+
+    def alike() -> dict[str, dict[str, float]] | None:
+        """``stored()`` once both routers counted the same (they read the same streams), else None."""
+        counts = stored()
+        same = len({json.dumps(c, sort_keys=True) for c in counts.values()}) == 1
+        return counts if len(counts) == 2 and same else None
+
+    counts = wait_until(alike, timeout=30, interval=1, what="the same stored events counted on both routers")
+    figures["kv_events"] = {"stored_events_by_router": counts, "cached_tokens": cached}
+    by_sim = next(iter(counts.values()))
+    storing = [url for url, n in by_sim.items() if n > 0]
+    assert len(storing) == 1, f"stored events per router and sim: {counts}"  # the prefix's one engine, heard by both
+    assert all(n >= len(prefix) for n in cached[1:]), f"cached tokens per request: {cached}"
 
 
 def test_sim_scaled_down_is_drained_and_removed_everywhere_then_up_registered(

@@ -35,23 +35,31 @@ def new_env(cp: ControlPlane, logs: Path, ns: str, *, replicas: int = 2) -> Env:
     return e
 
 
-def routed_env(cp: ControlPlane, logs: Path, prefix: str, *, replicas: int = 2) -> Env:
+def routed_env(
+    cp: ControlPlane, logs: Path, prefix: str, *, replicas: int = 2, router_args: list[str] | None = None
+) -> Env:
     """A fresh namespace ``prefix-<random>`` whose Service smg-router selects ``replicas`` running router pods
-    (router-0, router-1, ...)."""
+    (router-0, router-1, ...), each an smg-router with ``router_args``."""
     e = new_env(cp, logs, f"{prefix}-{uuid.uuid4().hex[:6]}", replicas=replicas)
     e.add_service("smg-router", "smg-router")
     for i in range(replicas):
-        e.add_router_pod(f"router-{i}")
+        e.add_router_pod(f"router-{i}", args=router_args)
     return e
 
 
 @contextlib.contextmanager
 def operated_env(
-    cp: ControlPlane, logs: Path, prefix: str, *, routers: Sequence[str], interval: float = 2
+    cp: ControlPlane,
+    logs: Path,
+    prefix: str,
+    *,
+    routers: Sequence[str],
+    interval: float = 2,
+    router_args: list[str] | None = None,
 ) -> Iterator[Env]:
     """``routed_env`` with two replicas and an operator allowed the router Services ``routers`` of it; the
     operator, then every router and worker, stopped when the block ends."""
-    e = routed_env(cp, logs, prefix)
+    e = routed_env(cp, logs, prefix, router_args=router_args)
     try:
         e.operator = e.new_operator(*allow_routers(e.ns, *routers), interval=interval).start()
         yield e

@@ -205,6 +205,15 @@ policy/v1beta1
 {{- if and .Values.sim.enabled .Values.sim.pd.enabled (not .Values.router.pd.enabled) }}
 {{- fail "sim.pd.enabled needs router.pd.enabled (prefill and decode workers need a router in PD mode)" }}
 {{- end }}
+{{- with .Values.sim.kvEvents }}
+{{- if and $.Values.sim.enabled .enabled }}
+{{- $ports := list (int $.Values.sim.port) (int .port) (int .replayPort) }}
+{{- if $.Values.sim.pd.enabled }}{{ $ports = append $ports (int $.Values.sim.pd.bootstrapPort) }}{{ end }}
+{{- if ne (len $ports) (len (uniq $ports)) }}
+{{- fail "sim.kvEvents.port and sim.kvEvents.replayPort must differ from each other, sim.port and sim.pd.bootstrapPort" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.sim.enabled .Values.router.pd.enabled (not .Values.sim.pd.enabled) }}
 {{- fail "router.pd.enabled with sim.enabled needs sim.pd.enabled (a PD router does not route to regular workers)" }}
 {{- end }}
@@ -232,3 +241,21 @@ The router's serving processes (SMG_PROCESSES): router.processes, else resources
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The router's tokenizers (SMG_TOKENIZER, "MODEL=PATH" entries): router.tokenizers, then the simulated fleet's model
+with the sim's tokenizer the image holds (sim.enabled and sim.kvEvents.enabled) unless router.tokenizers names it.
+*/}}
+{{- define "smg.simTokenizerPath" -}}/opt/smg/tokenizers/smg-sim{{- end }}
+{{- define "smg.routerTokenizers" -}}
+{{- $entries := list -}}
+{{- $models := list -}}
+{{- range .Values.router.tokenizers -}}
+{{- $entries = append $entries (printf "%s=%s" .model .path) -}}
+{{- $models = append $models .model -}}
+{{- end -}}
+{{- if and .Values.sim.enabled .Values.sim.kvEvents.enabled (not (has .Values.sim.model $models)) -}}
+{{- $entries = append $entries (printf "%s=%s" .Values.sim.model (include "smg.simTokenizerPath" .)) -}}
+{{- end -}}
+{{- join "," $entries -}}
+{{- end }}
