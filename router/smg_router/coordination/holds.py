@@ -22,7 +22,9 @@ leading request waits until every peer answered the start (``Peers.claim``: one 
 ``--prefill-claim-seconds``.  It yields, waits for that other prefill, then goes and finds the prefix cached, if a
 peer answers that it leads the same prefix on the same worker, or if a peer with a lower router id tells of such a
 lead meanwhile (two claims that cross: the lower id leads, the other yields; ``smg_prefill_claims_total``).  The
-replica whose id is the lowest of the peers heard lately never yields, so its leads do not wait.
+replica whose id is the lowest of the peers heard lately never yields, so its leads do not wait.  A peer's answer
+names the worker and the leading chars, not the claim: a replica tells the start of a claim there only once every
+answer to its last claim there came (``_ask``), else an old "leads" would be taken for the new claim's.
 
 An engine that keeps one prompt's KV per slot (llama.cpp: ``LoadView.slots``) gives a request whose prompt's slot is
 busy another slot, which prefills the whole prompt again and evicts the prompt that slot held.  So on such an engine
@@ -144,6 +146,9 @@ class Holds:
         self._rivals: set[asyncio.Future[None]] = set()
         """Gates of claims that a peer's lead or turn stopped (it yielded, or that one's end came first): whoever else
         waited for the same end goes with it, so a turn's claim is made again (``wait``)."""
+        self._asked: dict[tuple[str, str], asyncio.Future[None]] = {}
+        """(worker id, leading chars) -> the gate of the claim this router told its peers there last, until they all
+        answered it (``_ask``), whether or not that claim still stands."""
         self._in_claim: dict[asyncio.Future[None], _Slot] = {}
         """The gate of a turn in its claim -> its slot, whose ``pending`` counts it until the claim goes (``_claimed``:
         from then on the router answers that it leads, though the request's task resumes a loop pass later) or its
@@ -175,7 +180,8 @@ class Holds:
 
     def _claim(self, guard: Held, prefix: str, slot: _Slot | None = None) -> None:
         """Hold ``guard`` (a lead, or a first turn of ``slot``) until every peer answered its start, at most
-        ``claim_seconds``: it yields if one of them leads the same (``_answered``, ``observe``)."""
+        ``claim_seconds``: it yields if one of them leads the same (``_answered``, ``observe``).  Its start waits
+        for the answers to this router's claim before it on the same, if they have not all come (``_ask``)."""
         loop = asyncio.get_running_loop()
         key = (guard.worker.id, prefix)
         gate: asyncio.Future[None] = loop.create_future()
@@ -183,8 +189,26 @@ class Holds:
             self._in_claim[gate] = slot
         self._claims[key] = gate
         guard.hold(gate, prefix)
-        loop.call_later(self.claim_seconds, self._claimed, key, gate, "unanswered")
-        self._peers.claim(guard.worker.url, prefix, lambda leaders: self._answered(key, gate, leaders))
+        loop.call_later(self.claim_seconds, self._unanswered, key, gate, guard.worker.url)
+        if key not in self._asked:
+            self._ask(key, gate, guard.worker.url)
+
+    def _ask(self, key: tuple[str, str], gate: asyncio.Future[None], url: str) -> None:
+        """Tell the peers the start of the claim ``gate``.  The peers' answers name no claim, only its (worker,
+        leading chars): an answer to an earlier claim on the same, still on its way, would be taken for this one's
+        (a peer that led then, and whose end came since, would be yielded to for an end that never comes).  So one
+        claim on the same is asked at a time: a later one is asked once the answers to this one came, if it still
+        stands."""
+        self._asked[key] = gate
+
+        def answered(leaders: list[str]) -> None:
+            if self._asked.get(key) is gate:
+                del self._asked[key]
+            self._answered(key, gate, leaders)
+            if (later := self._claims.get(key)) is not None and key not in self._asked:
+                self._ask(key, later, url)
+
+        self._peers.claim(url, key[1], answered)
 
     def _take_turn(self, guard: Held, prefix: str) -> None:
         """On a slot engine: run at once when no request with these leading chars runs or waits there, else wait
@@ -257,6 +281,14 @@ class Holds:
             if gate not in self._rivals:  # it goes: a turn's claim leads from now (a rival's claims again)
                 self._settle(gate)
             self._metrics.prefill_claims.labels(outcome).inc()
+
+    def _unanswered(self, key: tuple[str, str], gate: asyncio.Future[None], url: str) -> None:
+        """A claim's bound passed: it goes unless it went already (``_claimed``).  One whose start still waited for
+        the answers to an earlier claim on the same (``_ask``) tells it now, unclaimed: the peers hold behind it."""
+        unasked = self._claims.get(key) is gate and self._asked.get(key) is not gate
+        self._claimed(key, gate, "unanswered")
+        if unasked:
+            self._peers.tell_prefill(url, key[1], done=False, hurry=True)
 
     def _yield(self, key: tuple[str, str], gate: asyncio.Future[None], peer: str) -> None:
         """This router's claim on ``key`` yields to the peer ``peer``'s lead: it goes when that prefill ends."""

@@ -600,3 +600,49 @@ async def test_a_turn_whose_claim_went_leads_before_its_request_resumes() -> Non
         assert _claims(metrics, "led") == 1
     assert not holds.leads(url, "doc A")
     assert not holds._slots and not holds._claims and not holds._in_claim
+
+
+async def test_a_claim_made_again_tells_its_start_once_the_answers_to_the_one_before_came() -> None:
+    """A first turn yields to a lower id's crossing claim and is released by that turn's end while the answers to its
+    own claim are still on their way.  Those answers name the prompt, not the claim: claimed again, it tells its start
+    only once they came (an old "a leads" taken for the new claim's would make it wait for an end already told), then
+    goes on the new answers.  When the old answers are late past the claim's bound, it goes (``unanswered``) and
+    tells its start then, unclaimed; the old answers, when they come, ask nothing."""
+    from smg_router.coordination import Holds
+
+    worker, registry, metrics, loads, peers, holds = _slot_engine_holds("a")
+    url = worker.url
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+        holds.arrange(g, "doc A", cold=False, streamed=False)
+        first = peers.claims[url, "doc A"]
+        going = asyncio.ensure_future(holds.wait(g, "m", "regular"))
+        await asyncio.sleep(0.01)
+        assert holds.observe(url, "doc A", done=False, peer="a")  # a's claim crossed it: it yields
+        assert holds.observe(url, "doc A", done=True, peer="a")  # a's turn ended: released, it claims again
+        await asyncio.sleep(0.01)
+        assert peers.prefills == [(url, "doc A", False)] and peers.claims[url, "doc A"] is first  # not told yet
+        assert holds.leads(url, "doc A") and not going.done()
+        first(["a"])  # the answers to the first claim: a led then
+        assert peers.prefills == [(url, "doc A", False)] * 2 and peers.claims[url, "doc A"] is not first
+        assert holds.leads(url, "doc A") and not holds._yielded
+        peers.claims[url, "doc A"]([])  # the answers to this claim: nobody leads it
+        await asyncio.wait_for(going, 1)
+        assert _claims(metrics, "led") == 1 and holds.leads(url, "doc A")  # its request runs
+    assert not holds._slots and not holds._claims and not holds._asked
+
+    late = _Told(id="b")
+    short = Holds(seconds=5.0, metrics=metrics, peers=late, claim_seconds=0.05, loads=loads)
+    short.heard("a")
+    with AttemptGuard(worker, registry=registry, metrics=metrics) as g:
+        short.arrange(g, "doc B", cold=False, streamed=False)
+        first = late.claims[url, "doc B"]
+        going = asyncio.ensure_future(short.wait(g, "m", "regular"))
+        await asyncio.sleep(0.01)
+        short.observe(url, "doc B", done=False, peer="a")
+        short.observe(url, "doc B", done=True, peer="a")
+        await asyncio.wait_for(going, 1)  # the first claim's answers never came within the bound: it goes
+        assert _claims(metrics, "unanswered") == 1
+        assert late.prefills == [(url, "doc B", False)] * 2 and late.claims[url, "doc B"] is first  # told unclaimed
+        first(["a"])
+        assert late.claims[url, "doc B"] is first and not short._asked and short.leads(url, "doc B")
+    assert late.prefills[-1] == (url, "doc B", True)
