@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kv-events-topic", default=d.kv_events_topic, help="topic frame of the KV event messages")
     p.add_argument(
+        "--kv-events-buffer-steps",
+        type=int,
+        default=d.kv_events_buffer_steps,
+        help="batches the replay socket keeps (vLLM's buffer_steps)",
+    )
+    p.add_argument(
         "--kv-events-format",
         choices=KV_EVENTS_FORMATS,
         default=d.kv_events_format,
@@ -138,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_events_topic=args.kv_events_topic,
         kv_events_format=args.kv_events_format,
+        kv_events_buffer_steps=args.kv_events_buffer_steps,
     )
 
 

@@ -106,6 +106,9 @@ class SimConfig:
     kv_events_topic: str = ""
     """Topic frame of every KV-event message."""
 
+    kv_events_buffer_steps: int = 10_000
+    """Batches the replay socket keeps (vLLM's and SGLang's ``buffer_steps`` default)."""
+
     kv_events_format: KvEventsFormat = "vllm"
     """Whose wire format the events take: ``vllm`` (tagged maps), ``vllm-array`` (positional, before vLLM's
     switch to maps), ``sglang`` (tagged maps) or ``sglang-array`` (positional)."""

@@ -204,6 +204,7 @@ class Engine:
                 replay_endpoint=config.kv_events_replay_endpoint,
                 topic=config.kv_events_topic,
                 fmt=config.kv_events_format,
+                buffer_steps=config.kv_events_buffer_steps,
             )
             tracker = BlockTracker(block_size=config.block_size, sink=self._kv_events.add)
         self._cache = PrefixCache(config.kv_capacity, observer=tracker)

@@ -20,7 +20,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class EnginePublisher:
-    def __init__(self, *, buffer_steps: int = 20_000, topic: bytes = b"") -> None:
+    def __init__(self, *, buffer_steps: int = 20_000, topic: bytes = b"", replay_topic: bool = False) -> None:
         ctx = zmq.asyncio.Context.instance()
         self.topic = topic
         self.pub = ctx.socket(zmq.XPUB)
@@ -34,6 +34,8 @@ class EnginePublisher:
         self.seq = 0
         self.answering = True
         self.replay_requests: list[int] = []
+        self.replay_topic = replay_topic
+        """Replay frames carry the topic before the sequence number, as on the live stream (newer vLLM)."""
         self._server = asyncio.create_task(self._serve_replays(), name="engine-publisher-replay")
 
     async def subscribed(self) -> None:
@@ -72,10 +74,11 @@ class EnginePublisher:
             client, _, start_bytes = frames
             start = int.from_bytes(start_bytes, "big")
             self.replay_requests.append(start)
+            head = [client, b"", self.topic] if self.replay_topic else [client, b""]
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    await self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            await self.router.send_multipart([client, b"", END_SEQ, b""])
+                    await self.router.send_multipart([*head, seq.to_bytes(8, "big"), payload])
+            await self.router.send_multipart([*head, END_SEQ, b""])
 
     async def close(self) -> None:
         self._server.cancel()

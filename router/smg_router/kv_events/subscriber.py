@@ -3,7 +3,7 @@
 The engine (vLLM's and SGLang's ``ZmqEventPublisher``) sends ``[topic, seq, payload]``: ``seq`` 8 bytes big-endian,
 counting from 0 per publisher; ``payload`` one msgpack batch (``decode``).  Its optional ROUTER socket answers
 ``[b"", start]`` (8 bytes) with ``[b"", seq, payload]`` for every batch it still buffers from ``start`` on, then
-``[b"", -1, b""]``.
+``[b"", -1, b""]``; newer vLLM puts the topic before ``seq`` there too, as on the live stream.
 
 What this module promises: the batches handed to ``on_batch`` are in sequence order, each at most once.  Where a
 batch is lost to the router (the buffer no longer holds it, no replay socket, no answer within
@@ -169,6 +169,8 @@ class Subscriber:
             while True:
                 async with asyncio.timeout(self.replay_timeout):  # between two answers, not for the whole replay
                     frames = await dealer.recv_multipart()
+                if len(frames) == 4 and not frames[0]:  # [b"", topic, seq, payload]
+                    frames = frames[:1] + frames[2:]
                 seq = _seq(frames[1]) if len(frames) == 3 and not frames[0] else None
                 if seq is None:
                     self._count("invalid", 1)

@@ -5,12 +5,13 @@ on the stream is counted while the router keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
 import aiohttp
 import msgspec
-from support.procs import MODEL, Sim, http_json, metric_value, next_host, start_router, start_sim, wait_until
+from support.procs import MODEL, Router, Sim, http_json, metric_value, next_host, start_router, start_sim, wait_until
 from support.zmq_publisher import EnginePublisher
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -265,5 +266,105 @@ async def test_sims_events_route_what_bypassed_the_router_and_stop_at_an_evictio
     finally:
         other.stop()
         router.stop()
+        for sim in sims:
+            sim.stop()
+
+
+async def test_a_replica_started_late_learns_the_engines_caches_from_their_replay_buffers_or_from_the_tree(
+    logs: Path,
+) -> None:
+    """A replica that starts after the engines served traffic asks each replay socket for its batches from 0: where
+    the buffer still holds them all it knows what the other replica knows, at once; where it holds only the last
+    few, the worker is routed on the tree until its engine has stored its KV capacity anew."""
+    from smg_sim.tokenizer_files import TOKENIZER_DIR
+
+    def events_at(host: str) -> list[str]:
+        return ["--kv-events-endpoint", f"tcp://{host}:*", "--kv-events-replay-endpoint", f"tcp://{host}:*"]
+
+    hosts = [next_host(), next_host()]
+    buffers = ["10000", "4"]  # the second engine's replay socket keeps its last 4 batches only
+    sims = [
+        start_sim(logs, host=h, extra=[*events_at(h), "--kv-capacity", "4000", "--kv-events-buffer-steps", b])
+        for h, b in zip(hosts, buffers, strict=True)
+    ]
+    wheres = []
+    for sim in sims:
+        info = http_json("GET", sim.url + "/server_info")[1]["kv_events"]
+        wheres.append({"endpoint": info["endpoint"], "replay_endpoint": info["replay_endpoint"]})
+    tokenizer = ["--tokenizer", f"{MODEL}={TOKENIZER_DIR}", "--router-replicas", "2"]
+    first = start_router(logs, args=tokenizer, admin_key="k")
+    late: Router | None = None
+
+    def register(router: Router) -> None:
+        for sim, where in zip(sims, wheres, strict=True):
+            status, body = router.admin("POST", "/workers", {"url": sim.url, "model_id": MODEL, "kv_events": where})
+            assert status == 201, body
+        router.wait_routable(2)
+
+    def blocks(router: Router, sim: Sim) -> float:
+        return metric_value(router.metrics(), "smg_kv_index_blocks", worker=sim.url)
+
+    try:
+        register(first)
+        async with aiohttp.ClientSession() as s:
+
+            async def complete(url: str, prompt: str) -> None:
+                async with s.post(
+                    url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}
+                ) as r:
+                    assert r.status == 200, await r.text()
+
+            for i in range(12):  # ~12 batches on each engine: more than the second one's buffer holds
+                for sim in sims:
+                    await complete(sim.url, f"{uuid.uuid4()} prompt {i} " * 6)
+            await asyncio.to_thread(
+                wait_until,
+                lambda: all(
+                    metric_value(first.metrics(), "smg_kv_events_total", worker=sim.url, kind="stored") >= 12
+                    for sim in sims
+                ),
+                what="the first replica to hear every store",
+            )
+            started = time.monotonic()
+            late = start_router(logs, args=tokenizer, admin_key="k")
+            register(late)
+            await asyncio.to_thread(
+                wait_until,
+                lambda: blocks(late, sims[0]) == blocks(first, sims[0]) > 0,
+                what="the late replica to know the first engine's cache",
+            )
+            print(
+                f"\nlate replica: {blocks(late, sims[0]):.0f} blocks of the first engine known "
+                f"{time.monotonic() - started:.2f} s after it started"
+            )
+            assert metric_value(late.metrics(), "smg_kv_events_synced", worker=sims[0].url) == 1
+            assert metric_value(late.metrics(), "smg_kv_events_total", kind="invalid") == 0  # the replays read whole
+            # the second engine's buffer no longer holds its first batches: routed on the tree until it re-learned
+            await asyncio.to_thread(
+                wait_until,
+                lambda: metric_value(late.metrics(), "smg_kv_events_unsynced_total", worker=sims[1].url) == 1,
+                what="the late replica to see it missed batches",
+            )
+            assert metric_value(late.metrics(), "smg_kv_events_synced", worker=sims[1].url) == 0
+            assert 0 < blocks(late, sims[1]) < blocks(first, sims[1])
+            # the engine stores its KV capacity (4000 tokens, as it reports) anew: the late replica's entry equals
+            # its cache again
+            await asyncio.to_thread(
+                wait_until,
+                lambda: metric_value(late.metrics(), "smg_worker_kv_capacity_tokens", worker=sims[1].url) == 4000,
+                what="the late replica to poll the engine's KV capacity",
+            )
+            for i in range(12):
+                await complete(sims[1].url, f"{uuid.uuid4()} more of it {i} " * 20)
+            await asyncio.to_thread(
+                wait_until,
+                lambda: metric_value(late.metrics(), "smg_kv_events_synced", worker=sims[1].url) == 1,
+                what="the late replica to route the second engine on its events again",
+            )
+            assert metric_value(first.metrics(), "smg_kv_events_unsynced_total", worker=sims[1].url) == 0
+    finally:
+        if late is not None:
+            late.stop()
+        first.stop()
         for sim in sims:
             sim.stop()

@@ -143,6 +143,30 @@ async def test_a_gap_the_buffer_no_longer_holds_is_reported_and_the_stream_goes_
     assert applied.unsynced == 1
 
 
+async def test_a_replay_whose_frames_carry_the_topic_fills_the_gap_as_well() -> None:
+    """Newer vLLM: ``[b"", topic, seq, payload]`` on the replay socket, as on the live stream."""
+    engine = EnginePublisher(topic=b"kv-events", replay_topic=True)
+    applied = Applied()
+    sub = Subscriber(
+        endpoint=engine.endpoint,
+        replay_endpoint=engine.replay_endpoint,
+        topic="kv-events",
+        on_batch=applied.on_batch,
+        on_unsynced=applied.on_unsynced,
+    )
+    sub.start()
+    try:
+        await synced(engine, applied)
+        await engine.publish(batch(1), live=False)
+        await engine.publish(batch(2))
+        await until(lambda: len(applied.seqs) == 3)
+        assert applied.seqs == [0, 1, 2]
+        assert applied.unsynced == 0 and sub.counts.invalid == 0
+    finally:
+        await sub.stop()
+        await engine.close()
+
+
 async def test_a_gap_with_no_replay_socket_is_reported_and_the_stream_goes_on(
     engine: EnginePublisher, subscribe
 ) -> None:
