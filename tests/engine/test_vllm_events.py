@@ -225,6 +225,19 @@ def index_blocks(fleet: Fleet, engine: VllmEngine) -> float:
     return metric_value(fleet.router.metrics(), "smg_kv_index_blocks", worker=engine.url)
 
 
+def quiet(taps: list[EventTap], seconds: float = 1.0) -> None:
+    """Until no engine published a batch for ``seconds``."""
+    last = [len(t.seqs) for t in taps]
+    since = time.monotonic()
+    deadline = since + 30
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, "the engines kept publishing for 30 s with no request sent"
+        time.sleep(0.1)
+        now = [len(t.seqs) for t in taps]
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def wait_index_matches_tap(fleet: Fleet, engine: VllmEngine, *, what: str) -> int:
     """Until the router's index holds as many blocks for ``engine`` as the test's own tap of its events says."""
     tap = fleet.taps[fleet.engines.index(engine)]
@@ -343,7 +356,10 @@ def test_a_router_started_later_learns_what_the_engines_hold_from_their_replay_s
     engine = fleet.engines[1]
     prefix = words(random.Random("before the replica"), 300)
     complete(engine.url, f"{prefix} First question?")
+    quiet(fleet.taps)  # a batch published while the late router comes up could fall between its replay and its
+    # live subscription; it would be seen missing only at the engine's next batch (subscriber.py says so)
     held = [wait_index_matches_tap(fleet, e, what="the first router up to date") for e in fleet.engines]
+    published = [len(t.seqs) for t in fleet.taps]
     late = start_router(
         logs,
         args=["--policy", "cache_aware", "--tokenizer", f"{MODEL_ID}={tiny_model()}"],
@@ -355,12 +371,20 @@ def test_a_router_started_later_learns_what_the_engines_hold_from_their_replay_s
             status, body = late.admin("POST", "/workers", {"url": e.url, "model_id": MODEL_ID, "kv_events": where})
             assert status == 201, body
         late.wait_routable(2, timeout=60)
-        wait_until(
-            lambda: [metric_value(late.metrics(), "smg_kv_index_blocks", worker=e.url) for e in fleet.engines] == held,
-            timeout=30,
-            interval=0.1,
-            what=f"the late router's index to hold {held} blocks from the replays",
-        )
+        seen: list[list[float]] = []
+
+        def replayed() -> bool:
+            text = late.metrics()
+            seen.append([metric_value(text, "smg_kv_index_blocks", worker=e.url) for e in fleet.engines])
+            return seen[-1] == held
+
+        try:
+            wait_until(replayed, timeout=30, interval=0.1, what=f"the late router's index to hold {held} blocks")
+        except AssertionError as exc:
+            since = [len(t.seqs) - n for t, n in zip(fleet.taps, published, strict=True)]
+            raise AssertionError(
+                f"{exc}: it held {seen[-3:]}; batches published since the engines were quiet: {since}"
+            ) from None
         text = late.metrics()
         for e in fleet.engines:
             assert metric_value(text, "smg_kv_events_unsynced_total", worker=e.url) == 0
