@@ -388,6 +388,7 @@ def test_a_router_started_later_learns_what_the_engines_hold_from_their_replay_s
         text = late.metrics()
         for e in fleet.engines:
             assert metric_value(text, "smg_kv_events_unsynced_total", worker=e.url) == 0
+            assert metric_value(text, "smg_kv_events_synced", worker=e.url) == 1  # routed on its events
             assert metric_value(text, "smg_kv_events_total", worker=e.url, kind="invalid") == 0
 
         worker_id, answer = complete(late.url, f"{prefix} Second question?")
@@ -429,4 +430,5 @@ def test_no_batch_was_lost_on_the_way(fleet: Fleet) -> None:
     for engine, tap in zip(fleet.engines, fleet.taps, strict=True):
         assert tap.seqs == list(range(len(tap.seqs))), tap.seqs[:20]
         assert metric_value(fleet.router.metrics(), "smg_kv_events_unsynced_total", worker=engine.url) == 0
+        assert metric_value(fleet.router.metrics(), "smg_kv_events_synced", worker=engine.url) == 1
         assert kv_events(fleet, engine, "invalid") == 0 and kv_events(fleet, engine, "ignored") == 0
