@@ -1,7 +1,9 @@
-"""Real-engine tier: two llama.cpp servers (xllamacpp, a generated tiny model) behind a real smg-router.
+"""Real-engine tier: two llama.cpp servers (xllamacpp, a generated tiny model) behind a real smg-router, and two
+vLLM CPU engines publishing their KV events (``test_vllm_events.py``, its own module-scoped fleet).
 
-Each test gets a fresh fleet (a server starts in ~0.2 s), so no test sees another's KV cache, router
-tree or processed counts.  Every process is stopped at teardown, whatever the test did.
+Each llama.cpp test gets a fresh fleet (a server starts in ~0.2 s), so no test sees another's KV cache, router
+tree or processed counts; vLLM's engines take ~30 s to start and are shared by their module's tests, each with
+prompts of its own.  Every process is stopped at teardown, whatever the test did.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """An engine's KV event publisher on loopback, framed as vLLM's ``ZmqEventPublisher`` frames it.
 
 ``[topic, seq (8 bytes big-endian), payload]`` on the publishing socket; a ROUTER that answers ``[id, b"", start]``
-with ``[id, b"", seq, payload]`` for every buffered batch from ``start`` on, then ``[id, b"", -1, b""]``.  It
+with ``[id, b"", seq, payload]`` for every buffered batch from ``start`` on, then ``[id, b"", -1, b""]`` (or, as
+vLLM 0.32 does, ``[id, b"", topic, seq, payload]`` and ``[id, b"", b"", -1, b""]``: ``replay_topic``).  It
 publishes on XPUB rather than PUB (the same on the wire) so a test can wait for the subscription instead of
 sleeping past ZMQ's slow-joiner window.  A test can drop batches from the live stream, forget them from the buffer,
 or stop answering replays.
@@ -23,6 +24,8 @@ class EnginePublisher:
     def __init__(self, *, buffer_steps: int = 20_000, topic: bytes = b"", replay_topic: bool = False) -> None:
         ctx = zmq.asyncio.Context.instance()
         self.topic = topic
+        self.replay_topic = replay_topic
+        """Replay answers as vLLM 0.32 frames them: the topic before the sequence number (the end marker's empty)."""
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 100_000)
@@ -34,8 +37,6 @@ class EnginePublisher:
         self.seq = 0
         self.answering = True
         self.replay_requests: list[int] = []
-        self.replay_topic = replay_topic
-        """Replay frames carry the topic before the sequence number, as on the live stream (newer vLLM)."""
         self._server = asyncio.create_task(self._serve_replays(), name="engine-publisher-replay")
 
     async def subscribed(self) -> None:
@@ -74,11 +75,11 @@ class EnginePublisher:
             client, _, start_bytes = frames
             start = int.from_bytes(start_bytes, "big")
             self.replay_requests.append(start)
-            head = [client, b"", self.topic] if self.replay_topic else [client, b""]
+            topic = [self.topic] if self.replay_topic else []
             for seq, payload in list(self.buffer):
                 if seq >= start:
-                    await self.router.send_multipart([*head, seq.to_bytes(8, "big"), payload])
-            await self.router.send_multipart([*head, END_SEQ, b""])
+                    await self.router.send_multipart([client, b"", *topic, seq.to_bytes(8, "big"), payload])
+            await self.router.send_multipart([client, b"", *([b""] if self.replay_topic else []), END_SEQ, b""])
 
     async def close(self) -> None:
         self._server.cancel()

@@ -3,7 +3,8 @@
 The engine (vLLM's and SGLang's ``ZmqEventPublisher``) sends ``[topic, seq, payload]``: ``seq`` 8 bytes big-endian,
 counting from 0 per publisher; ``payload`` one msgpack batch (``decode``).  Its optional ROUTER socket answers
 ``[b"", start]`` (8 bytes) with ``[b"", seq, payload]`` for every batch it still buffers from ``start`` on, then
-``[b"", -1, b""]``; newer vLLM puts the topic before ``seq`` there too, as on the live stream.
+``[b"", -1, b""]``; vLLM 0.32 puts the topic before the sequence number, ``[b"", topic, seq, payload]``, and ends
+with ``[b"", b"", -1, b""]``.  Both are read.
 
 What this module promises: the batches handed to ``on_batch`` are in sequence order, each at most once.  Where a
 batch is lost to the router (the buffer no longer holds it, no replay socket, no answer within
@@ -169,16 +170,15 @@ class Subscriber:
             while True:
                 async with asyncio.timeout(self.replay_timeout):  # between two answers, not for the whole replay
                     frames = await dealer.recv_multipart()
-                if len(frames) == 4 and not frames[0]:  # [b"", topic, seq, payload]
-                    frames = frames[:1] + frames[2:]
-                seq = _seq(frames[1]) if len(frames) == 3 and not frames[0] else None
-                if seq is None:
+                answer = _replay_answer(frames)
+                if answer is None:
                     self._count("invalid", 1)
                     log.warning("kv events from %s: malformed replay answer, replay abandoned", self.name)
                     return
+                seq, payload = answer
                 if seq == _END:
                     return
-                self._accept(seq, frames[2])
+                self._accept(seq, payload)
         except TimeoutError:
             log.warning("kv events from %s: no replay answer within %.1f s", self.name, self.replay_timeout)
         finally:
@@ -230,6 +230,14 @@ class Subscriber:
             self._on_unsynced()
         except Exception:
             log.exception("kv events from %s: on_unsynced failed", self.name)
+
+
+def _replay_answer(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """``(seq, payload)`` of ``[b"", seq, payload]`` or ``[b"", topic, seq, payload]``; None for anything else."""
+    if len(frames) not in (3, 4) or frames[0]:
+        return None
+    seq = _seq(frames[-2])
+    return None if seq is None else (seq, frames[-1])
 
 
 def _seq(frame: bytes) -> int | None:

@@ -110,6 +110,38 @@ async def test_batches_published_before_the_subscriber_came_are_replayed_at_its_
     assert engine.replay_requests[0] == 0
 
 
+async def test_replay_answers_with_the_topic_before_the_sequence_number_are_read() -> None:
+    """vLLM 0.32's replay socket answers ``[b"", topic, seq, payload]`` and ends with ``[b"", b"", -1, b""]``: the
+    start's replay and a gap's are both filled from it."""
+    engine = EnginePublisher(topic=b"kv-events", replay_topic=True)
+    applied = Applied()
+    sub = Subscriber(
+        endpoint=engine.endpoint,
+        replay_endpoint=engine.replay_endpoint,
+        topic="kv-events",
+        on_batch=applied.on_batch,
+        on_unsynced=applied.on_unsynced,
+        replay_timeout=1.0,
+        name="worker-0",
+    )
+    try:
+        for seq in range(3):
+            await engine.publish(batch(seq), live=False)
+        sub.start()
+        await engine.subscribed()
+        await until(lambda: len(applied.seqs) == 3)
+        for seq in range(3, 10):
+            await engine.publish(batch(seq), live=seq not in (5, 6))
+        await until(lambda: len(applied.seqs) == 10)
+        assert applied.seqs == list(range(10))
+        assert applied.unsynced == 0
+        assert sub.counts.invalid == 0
+        assert engine.replay_requests == [0, 5]
+    finally:
+        await sub.stop()
+        await engine.close()
+
+
 async def test_a_gap_is_filled_by_replay_without_duplicates(engine: EnginePublisher, subscribe) -> None:
     applied = Applied()
     subscribe(applied)
@@ -141,30 +173,6 @@ async def test_a_gap_the_buffer_no_longer_holds_is_reported_and_the_stream_goes_
     await until(lambda: len(applied.seqs) == 6)
     assert applied.seqs == [0, 1, 2, 7, 8, 9]
     assert applied.unsynced == 1
-
-
-async def test_a_replay_whose_frames_carry_the_topic_fills_the_gap_as_well() -> None:
-    """Newer vLLM: ``[b"", topic, seq, payload]`` on the replay socket, as on the live stream."""
-    engine = EnginePublisher(topic=b"kv-events", replay_topic=True)
-    applied = Applied()
-    sub = Subscriber(
-        endpoint=engine.endpoint,
-        replay_endpoint=engine.replay_endpoint,
-        topic="kv-events",
-        on_batch=applied.on_batch,
-        on_unsynced=applied.on_unsynced,
-    )
-    sub.start()
-    try:
-        await synced(engine, applied)
-        await engine.publish(batch(1), live=False)
-        await engine.publish(batch(2))
-        await until(lambda: len(applied.seqs) == 3)
-        assert applied.seqs == [0, 1, 2]
-        assert applied.unsynced == 0 and sub.counts.invalid == 0
-    finally:
-        await sub.stop()
-        await engine.close()
 
 
 async def test_a_gap_with_no_replay_socket_is_reported_and_the_stream_goes_on(
