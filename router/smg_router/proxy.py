@@ -79,6 +79,7 @@ class Proxy:
             by_load=by_load,
             holds=holds,
             peers=peers,
+            max_ejection_share=retry.max_ejection_share,
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``coordination.Holds``); the peers' leads go in too

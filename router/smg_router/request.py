@@ -42,7 +42,7 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "
 """Request kind → the endpoint path it arrives on and is forwarded to."""
 KIND_OF = {path: kind for kind, path in ENDPOINTS.items()}
 RETRY_AFTER_S = 1
-FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
+FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent", "idempotency-key")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
 ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta")
 """What /v1/messages forwards besides: Anthropic's key header (only when the router checks no key) and versions."""

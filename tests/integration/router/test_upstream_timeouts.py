@@ -1,10 +1,11 @@
 """The first-byte and stream-idle timeouts: both transports in process against a raw-socket
 worker, then the router as a real process in front of hung, stalled and stopped workers.
 
-A worker that sends no response headers in time fails the attempt like a connect error (retried on
-another worker, counted by its breaker, a 504 when none is left); one that falls silent in the middle of
-its body ends a stream with an ``upstream_timeout`` error event and ``[DONE]``, a non-streaming answer with
-a 504.  Neither bound counts time the router itself spends not reading, nor bounds a body that keeps coming.
+A worker that sends no response headers in time fails the attempt (counted by its breaker; a 504, or retried
+on another worker when the client sent an ``Idempotency-Key``, since the worker may still be running it); one
+that falls silent in the middle of its body ends a stream with an ``upstream_timeout`` error event and
+``[DONE]``, a non-streaming answer with a 504.  Neither bound counts time the router itself spends not reading,
+nor bounds a body that keeps coming.
 """
 
 from __future__ import annotations
@@ -260,9 +261,13 @@ def test_a_hung_worker_is_retried_on_a_healthy_one_and_its_breaker_counts_the_fa
     try:
         r.wait_routable(2)
         t0 = time.monotonic()
-        for i in range(6):
+        for i in range(6):  # idempotent: a timed-out request may be sent again elsewhere
             status, body = http_json(
-                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1}, timeout=30
+                "POST",
+                r.url + "/v1/completions",
+                {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1},
+                headers={"Idempotency-Key": f"hung-{i}"},
+                timeout=30,
             )
             assert status == 200, body
         hung_worker = next(w for w in r.workers() if w["url"] == hung.url)
