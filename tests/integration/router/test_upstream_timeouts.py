@@ -420,3 +420,42 @@ async def test_a_pooled_connections_next_request_keeps_its_own_first_byte_bound(
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_request_sent_again_on_a_fresh_connection_is_told_to_be_counted() -> None:
+    """The worker closed the pooled connection after reading the next request on it: the lean client sends it again
+    on a fresh connection (the worker may have read it: a re-send), and tells ``on_resend`` (the router counts it
+    in ``smg_retries_total{outcome="resent"}``)."""
+    connections = 0
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections, requests
+        connections += 1
+        first_connection = connections == 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            answered = 0
+            while True:
+                await read_request(reader)
+                requests += 1
+                if first_connection and answered:
+                    break  # read, then closed unanswered: an idle timeout racing the next request
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+                answered += 1
+        writer.close()
+
+    server = await asyncio.start_server(serve, HOST, 0)
+    url = f"http://{HOST}:{server.sockets[0].getsockname()[1]}/v1/completions"
+    resent: list[str] = []
+    client = LeanUpstream(Timeouts(connect=2, total=LIMIT, first_byte=5), on_resend=resent.append)
+    try:
+        assert await (await client.post(url, b"{}", {})).read() == b"ok"
+        assert resent == []
+        assert await (await client.post(url, b"{}", {})).read() == b"ok"
+        assert (connections, requests) == (2, 3)  # the worker read the second request twice
+        assert resent == [url]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
