@@ -84,7 +84,10 @@ class ProxyRequest:
     """The session key that pins the request to a worker (``policies.sticky``): the routing key header's value,
     or a Responses call's ``previous_response_id``; None: the model's policy chooses."""
     worker_hint: str | None = None
-    """Id of the worker that produced the ``previous_response_id`` (as this router relayed it), or None."""
+    """Id of the worker that produced the ``previous_response_id`` (the worker its tag names), or None."""
+    previous_response_id: str | None = None
+    """A Responses call's ``previous_response_id`` as the client sent it, when the body forwarded carries the
+    engine's own id instead (``response_ids``): the answer repeats it in the client's form."""
     tokens: list[int] | None = None
     """The token ids of the engine's prompt when the router knows them (``prompts.prompt_tokens``): what the
     indexes of the engines' KV events match."""

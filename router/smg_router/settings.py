@@ -185,6 +185,11 @@ class RoutingSettings:
     tokenizes that model's prompts, so its workers' KV events can be matched (``prompts``)."""
     kv_events: tuple[tuple[str, str, str | None], ...] = ()
     """(worker url, KV events endpoint, replay endpoint or None) of workers registered at start."""
+    response_id_key: str = ""
+    """The key of the worker tokens in Responses ids (``response_ids``); the same on every replica.  "": a fixed
+    public key (tags are read by every replica, and are as opaque as the worker id)."""
+    expose_worker_url: bool = False
+    """Answers carry the worker's URL (``x-smg-routed-worker-id``) besides its opaque id: for debugging."""
 
 
 def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -443,6 +448,21 @@ def build_parser() -> argparse.ArgumentParser:
         RoutingSettings().key_header,
         help="request header whose value pins a session to a worker (consistent hashing under the load gate; "
         "empty: off)",
+    )
+    add(
+        routing,
+        "--response-id-key",
+        None,
+        secret=True,
+        help="key of the worker tokens the router writes into Responses ids (previous_response_id reaches the worker "
+        "that stored the response through any replica); the same on every replica; unset: a fixed public key",
+    )
+    routing.add_argument(
+        "--expose-worker-url",
+        action="store_true",
+        default=str(_env("expose-worker-url", "")).lower() in ("1", "true", "yes"),
+        help="answers carry the routed worker's URL in x-smg-routed-worker-id, not only its opaque x-smg-worker-id "
+        "(debugging: a worker's address inside the cluster is not the client's business)",
     )
     add(
         routing,
@@ -898,6 +918,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             model_aliases=aliases,
             tokenizers=tuple(tokenizers),
             kv_events=tuple(kv_events),
+            response_id_key=a.response_id_key or "",
+            expose_worker_url=a.expose_worker_url,
         ),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
