@@ -225,6 +225,9 @@ class Attempts:
         """The workers of ``role`` serving ``model`` an attempt may go to (but ``exclude``), and whether that is
         every ready one because open breakers would take out more than the ejection share (panic)."""
         serving = self._registry.serving(role, model)
+        candidates = [w for w in serving if w.routable and w.id not in exclude]
+        if len(candidates) >= (1.0 - self._max_ejection) * len(serving):
+            return candidates, False  # so many are routable that the breakers cannot be past the share: no count
         candidates = []
         ready = ejected = 0
         for w in serving:

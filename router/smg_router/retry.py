@@ -65,22 +65,25 @@ class RetryBudget:
         self._retries = [0] * BUDGET_SLOTS
         self._slot = int(clock())
 
-    def _advance(self) -> int:
-        """The current slot's index, the slots that aged out of the window emptied."""
-        now = int(self._clock())
-        if now != self._slot:
-            for s in range(max(self._slot + 1, now - BUDGET_SLOTS + 1), now + 1):
-                self._requests[s % BUDGET_SLOTS] = self._retries[s % BUDGET_SLOTS] = 0
-            self._slot = now
-        return now % BUDGET_SLOTS
+    def _advance(self, now: int) -> None:
+        """Empty the slots that aged out of the window by second ``now``."""
+        for s in range(max(self._slot + 1, now - BUDGET_SLOTS + 1), now + 1):
+            self._requests[s % BUDGET_SLOTS] = self._retries[s % BUDGET_SLOTS] = 0
+        self._slot = now
 
     def request(self) -> None:
-        """A request starts its first attempt."""
-        self._requests[self._advance()] += 1
+        """A request starts its first attempt (on every request: one clock read, one increment)."""
+        now = int(self._clock())
+        if now != self._slot:
+            self._advance(now)
+        self._requests[now % BUDGET_SLOTS] += 1
 
     def take(self) -> bool:
         """Whether one more retry fits in the budget (it is then counted in)."""
-        slot = self._advance()
+        now = int(self._clock())
+        if now != self._slot:
+            self._advance(now)
+        slot = now % BUDGET_SLOTS
         if sum(self._retries) >= max(self.minimum, self.ratio * sum(self._requests)):
             return False
         self._retries[slot] += 1
