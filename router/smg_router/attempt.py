@@ -13,6 +13,12 @@ A burst on one new prefix waits for its first prefill (``coordination.Holds``): 
 the place to wait (``hold``, ``on_started``, ``on_closed``) that the holds use; ``Attempts.open`` arranges each
 attempt there, and the caller awaits ``holds.wait`` before it sends.
 
+Open breakers take at most ``--max-ejection-share`` of a model's ready workers out of routing (Envoy's max ejection
+percent): when more of them are open, every ready worker of the model is a candidate again, open breakers or not
+(Envoy's panic routing), and each attempt so opened is counted in ``smg_breaker_panics_total{model,role}``.  A fleet
+whose every worker failed a burst (a slow client, a spike of timeouts, a bad minute) then still answers what it can
+instead of a 503 for everyone; a breaker's trial still closes it on the first success.
+
 What counts as a worker failure, written once (``AttemptGuard.answered`` and ``AttemptGuard.failed``):
 a connect error, a timeout, a 5xx answer, a body cut off by the worker.  A 429 is back-pressure, not a
 fault: it is retried elsewhere but leaves the breaker alone.  A client that goes away is no outcome.
@@ -32,7 +38,7 @@ from smg_router.metrics import Metrics
 from smg_router.policies.base import Policy, RouteRequest
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.workers.registry import WorkerRegistry
-from smg_router.workers.worker import Worker
+from smg_router.workers.worker import Worker, WorkerStatus
 
 
 def is_worker_failure(status: int) -> bool:
@@ -197,8 +203,11 @@ class Attempts:
         by_load: Policy | None = None,
         holds: Holds | None = None,
         peers: Peers = NO_PEERS,
+        max_ejection_share: float = 1.0,
     ) -> None:
         self._registry = registry
+        self._max_ejection = max_ejection_share
+        """The share of a model's ready workers open breakers may take out (``--max-ejection-share``)."""
         self._peers = peers
         """Told every route of a policy that keeps prompts (so their indexes hold what the fleet was sent)."""
         self._policies = policies
@@ -210,7 +219,27 @@ class Attempts:
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""
-        return any(w.routable and w.id not in exclude for w in self._registry.serving(role, req.model))
+        return bool(self.routable(role, req.model, exclude)[0])
+
+    def routable(self, role: str, model: str, exclude: Collection[str] = ()) -> tuple[list[Worker], bool]:
+        """The workers of ``role`` serving ``model`` an attempt may go to (but ``exclude``), and whether that is
+        every ready one because open breakers would take out more than the ejection share (panic)."""
+        serving = self._registry.serving(role, model)
+        candidates = [w for w in serving if w.routable and w.id not in exclude]
+        if len(candidates) >= (1.0 - self._max_ejection) * len(serving):
+            return candidates, False  # so many are routable that the breakers cannot be past the share: no count
+        candidates = []
+        ready = ejected = 0
+        for w in serving:
+            if w.status is WorkerStatus.READY:
+                ready += 1
+                if not w.breaker.allows():
+                    ejected += 1
+                elif w.id not in exclude:
+                    candidates.append(w)
+        if ejected <= self._max_ejection * ready:
+            return candidates, False
+        return [w for w in serving if w.status is WorkerStatus.READY and w.id not in exclude], True
 
     def open(
         self,
@@ -225,7 +254,9 @@ class Attempts:
         least-loaded one, not the model's policy's choice (endpoints whose cost no cached prefix lowers).
         ``streamed`` (whether the answer is streamed): the attempt takes part in ``holds`` (the caller then awaits
         ``holds.wait`` before it sends); None: it does not."""
-        candidates = [w for w in self._registry.serving(role, req.model) if w.routable and w.id not in exclude]
+        candidates, panic = self.routable(role, req.model, exclude)
+        if panic and candidates:
+            self._metrics.breaker_panics.labels(req.model, role).inc()
         if not candidates:
             what = "other " if exclude else ""
             raise NoWorkerAvailable(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from smg_router import wire
 from smg_router.coordination import NO_PEERS, Holds, Peers, PeerSync
@@ -30,7 +31,7 @@ from smg_router.tree import share_budget
 from smg_router.upstream import Timeouts, Upstream
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
-from smg_router.workers.worker import WorkerSpec, normalize_url
+from smg_router.workers.worker import WorkerSpec, WorkerStatus, normalize_url
 
 log = logging.getLogger(__name__)
 LOOP_LAG_INTERVAL = 0.25
@@ -84,7 +85,8 @@ class RouterCore:
                 total=settings.server.request_timeout,
                 first_byte=settings.server.first_byte_timeout,
                 stream_idle=settings.server.stream_idle_timeout,
-            )
+            ),
+            on_resend=self._count_resend,
         )
         server = settings.server
         self.admission = Admission(
@@ -123,12 +125,18 @@ class RouterCore:
         self.peers_grace_until = time.monotonic() + settings.peers.ready_grace
         """Until then readiness waits for the peers to be in sync (``PeerSettings.ready_grace``)."""
 
+    def _count_resend(self, url: str) -> None:
+        """A request the upstream client sent again on a fresh connection: ``smg_retries_total{outcome=resent}``,
+        by the endpoint it went to (a worker URL has no path: the rest is the endpoint's)."""
+        self.metrics.retries.labels(urlsplit(url).path, "resent").inc()
+
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker.  With peers,
         not before they are in sync (every one answered), for at most ``peers.ready_grace`` seconds after the start:
         a replica's first requests claim their prefills as the others' do (a request that would not, sent with
         another replica's on the same new prompt, makes the worker prefill it twice)."""
-        routable = [w for w in self.registry if w.routable]
+        panics = self.settings.retry.max_ejection_share < 1.0  # open breakers never take out every ready worker
+        routable = [w for w in self.registry if w.routable or (panics and w.status is WorkerStatus.READY)]
         detail: dict[str, Any] = {"workers": len(self.registry), "routable": len(routable)}
         if self.shutting_down:
             return False, {"status": "shutting_down", **detail}

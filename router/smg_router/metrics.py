@@ -421,7 +421,20 @@ class Metrics:
             "smg_worker_lifecycle_events", "Worker registrations, updates, removals", ("event", "role"), registry=r
         )
         self.pd_requests = CounterFamily("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
-        self.retries = CounterFamily("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
+        self.retries = CounterFamily(
+            "smg_retries",
+            "Requests sent again, by outcome: retried (on another worker), budget_exhausted (a retry the retry budget "
+            "refused: the failure was the answer), resent (on a fresh connection, the pooled one found closed)",
+            ("endpoint", "outcome"),
+            registry=r,
+        )
+        self.breaker_panics = CounterFamily(
+            "smg_breaker_panics",
+            "Attempts routed among every ready worker of the model, open breakers included, because open breakers "
+            "would have taken out more than --max-ejection-share of them (panic routing)",
+            ("model", "role"),
+            registry=r,
+        )
         self.requests_rejected = CounterFamily(
             "smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r
         )

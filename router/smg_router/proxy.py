@@ -10,8 +10,9 @@ attempts, retry loop and relay.
 
 Before that, what the request says about its routing (``--model-alias``, ``request.apply_routing_headers``):
 a model alias names the served model instead (its body re-serialised with the served name, only then); a
-session key header, or a Responses call's ``previous_response_id`` (with the worker that produced it, when this
-router relayed it: ``response_ids``), pins it (``policies.sticky``); routing tokens replace its routing text.
+session key header, or a Responses call's ``previous_response_id`` (with the worker that produced it, which any
+replica reads from the id's tag: ``response_ids``; the engine's own id is forwarded), pins it
+(``policies.sticky``); routing tokens replace its routing text.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from smg_router.policies.registry import PolicyRegistry
 from smg_router.prompts import Tokenizer, prompt_tokens
 from smg_router.relay import RESPONSES, Relay
 from smg_router.request import KIND_OF, PD_ENDPOINTS, ProxyRequest, apply_routing_headers, kv_namespace
-from smg_router.response_ids import ResponseIds
+from smg_router.response_ids import ResponseIdTags
 from smg_router.retry import RetryLoop
 from smg_router.settings import RetrySettings, RoutingSettings
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
@@ -69,7 +70,11 @@ class Proxy:
         self._routing = routing or RoutingSettings()
         self.aliases: Mapping[str, str] = dict(self._routing.model_aliases)
         """Public model name → the served name it routes to (``--model-alias``); ``/v1/models`` lists them too."""
-        self.response_ids = ResponseIds()
+        self.response_ids = (
+            ResponseIdTags(self._routing.response_id_key.encode())
+            if self._routing.response_id_key
+            else ResponseIdTags()
+        )
         self._upstream = upstream
         self._metrics = metrics
         self._attempts = Attempts(
@@ -79,12 +84,15 @@ class Proxy:
             by_load=by_load,
             holds=holds,
             peers=peers,
+            max_ejection_share=retry.max_ejection_share,
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``coordination.Holds``); the peers' leads go in too
         (``admin``)."""
         self._retries = RetryLoop(attempts=self._attempts, settings=retry, metrics=metrics)
-        self.relay = Relay(metrics=metrics, response_ids=self.response_ids)
+        self.relay = Relay(
+            metrics=metrics, response_ids=self.response_ids, expose_worker_url=self._routing.expose_worker_url
+        )
         self._pd: PDDispatcher | None = None
         if pd_mode is not None:  # "sglang" or "vllm" (--pd-mode)
             self._pd = pd_dispatcher(
@@ -107,7 +115,7 @@ class Proxy:
                 req.tokens, req.namespace = prompt_tokens(kind, req.body, tokenizer), kv_namespace(req.body)
         if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
             req.routing_key = prev  # the stored response is on one worker: before any session key
-            req.worker_hint = self.response_ids.worker_of(prev)
+            self._untag_previous(req, prev)
         req.started = time.perf_counter()
         status = 500
         try:
@@ -157,6 +165,20 @@ class Proxy:
         if not known:
             return ""
         raise BadRequest(f"model is required: this router serves {', '.join(known)}", code="missing_field")
+
+    def _untag_previous(self, req: ProxyRequest, prev: str) -> None:
+        """A tagged ``previous_response_id``: the worker its tag names is the hint, and the worker gets its own id
+        (the body re-serialised, only then)."""
+        engine_id, token = self.response_ids.untag(prev)
+        if token is None:
+            return  # not ours: routed by rendezvous of the id, forwarded as sent
+        for w in self._registry.serving("regular", req.model):
+            if self.response_ids.token(w.url) == token:
+                req.worker_hint = w.id
+                break
+        req.previous_response_id = prev
+        req.body["previous_response_id"] = engine_id
+        req.raw = orjson.dumps(req.body)
 
     def _apply_alias(self, req: ProxyRequest) -> None:
         """A request for an alias: the body forwarded names the served model (re-serialised only then)."""

@@ -25,7 +25,7 @@ from smg_router.attempt import AttemptGuard
 from smg_router.errors import UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
 from smg_router.request import ProxyRequest
-from smg_router.response_ids import SCAN_LIMIT, ResponseIds, id_of_body, id_of_events
+from smg_router.response_ids import SCAN_LIMIT, ResponseIdTags, id_of_body, id_of_events, quoted
 from smg_router.upstream.base import UpstreamResponse
 from smg_router.workers.worker import Worker
 
@@ -50,20 +50,25 @@ SSE_DONE = b"data: [DONE]\n\n"
 LAST_EVENT = {"/v1/messages": b"event: message_stop\n", "/v1/responses": b"event: response.completed\n"}
 """The event that ends the streams of the endpoints whose streams do not end with ``[DONE]``."""
 RESPONSES = "/v1/responses"
-"""The endpoint whose response ids are remembered with their worker (``response_ids``)."""
+"""The endpoint whose response ids are tagged with their worker (``response_ids``)."""
 WORKER_ID_HEADER = "x-smg-worker-id"
 """The routed worker's opaque id (a hash of its URL), as SGLang's gateway names it."""
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
-"""The routed worker's URL, as the Rust SMG names it (the decode worker in PD mode)."""
+"""The routed worker's URL, as the Rust SMG names it (the decode worker in PD mode); only with
+``--expose-worker-url``: a worker's address inside the cluster is not the client's business."""
 
 
 class Relay:
     """Relays answers; keeps the task of every stream it is passing through, for ``end_streams``."""
 
-    def __init__(self, *, metrics: Metrics, response_ids: ResponseIds | None = None) -> None:
+    def __init__(
+        self, *, metrics: Metrics, response_ids: ResponseIdTags | None = None, expose_worker_url: bool = False
+    ) -> None:
         self._metrics = metrics
         self.response_ids = response_ids
-        """Where the ids of relayed Responses answers are remembered with their worker (None: nowhere)."""
+        """Tags the ids of relayed Responses answers with their worker (None: they go through as they are)."""
+        self.expose_worker_url = expose_worker_url
+        """Whether answers name the worker's URL (``ROUTED_WORKER_HEADER``), not only its opaque id."""
         self._streams: set[asyncio.Task[object]] = set()
         self.closing = False
         """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
@@ -83,7 +88,7 @@ class Relay:
     ) -> wire.Response:
         """Pass the worker's answer through; the caller closes the guard."""
         try:
-            head = relayed_head(upstream.headers, guard.worker)
+            head = relayed_head(upstream.headers, guard.worker, url=self.expose_worker_url)
             if req.stream and upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 return await self._stream(request, req, upstream, guard, head)
             try:
@@ -98,7 +103,8 @@ class Relay:
                 ) from None
             guard.answered(upstream.status)
             if self._records(req, upstream.status) and (rid := id_of_body(body)) is not None:
-                self._remember(rid, guard.worker)
+                for old, new in self._tagging(req, rid, guard.worker):
+                    body = body.replace(old, new)
             response = wire.Response(status=upstream.status, body=body, head=head)
             response.send_now(request)  # the client has it before the guard's and the metrics' bookkeeping
             return response
@@ -152,6 +158,8 @@ class Relay:
                     req.client_gone = True
                     return out
                 if ended:
+                    if passing.retag is not None and (rest := passing.retag.flush()):
+                        await out.write(rest)  # the end of a stream whose end the transport did not mark
                     break
                 try:
                     await out.drain()  # the client reads slower than the worker writes (backpressure)
@@ -184,9 +192,15 @@ class Relay:
     def _records(self, req: ProxyRequest, status: int) -> bool:
         return self.response_ids is not None and req.endpoint == RESPONSES and 200 <= status < 300
 
-    def _remember(self, response_id: str, worker: Worker) -> None:
+    def _tagging(self, req: ProxyRequest, response_id: str, worker: Worker) -> list[tuple[bytes, bytes]]:
+        """(engine's form, client's form) of the ids in a Responses answer: its own id, tagged with its worker, and
+        the ``previous_response_id`` it repeats, as the client sent it."""
         assert self.response_ids is not None
-        self.response_ids.remember(response_id, worker.id)
+        pairs = [(quoted(response_id), quoted(self.response_ids.tag(response_id, worker.url)))]
+        forwarded = req.body.get("previous_response_id")
+        if req.previous_response_id is not None and isinstance(forwarded, str):
+            pairs.append((quoted(forwarded), quoted(req.previous_response_id)))
+        return pairs
 
 
 class _Passing:
@@ -194,7 +208,7 @@ class _Passing:
     ``UpstreamResponse.pipe``, called from within the worker connection's reads (the client gone is a state, not an
     exception; anything else it raised, ``pipe`` raises again in the relay's task)."""
 
-    __slots__ = ("_guard", "_last", "_out", "_relay", "_req", "done", "first", "gone", "scan")
+    __slots__ = ("_guard", "_last", "_out", "_relay", "_req", "done", "first", "gone", "retag")
 
     def __init__(self, relay: Relay, req: ProxyRequest, out: wire.StreamResponse, guard: AttemptGuard) -> None:
         self._relay, self._req, self._out, self._guard = relay, req, out, guard
@@ -204,8 +218,8 @@ class _Passing:
         """Whether the last chunk written ended the SSE (``data: [DONE]``): the client has the whole answer."""
         self.gone = False
         """The client went away (a write found its connection closed)."""
-        self.scan: bytearray | None = bytearray() if relay._records(req, out.status) else None
-        """The stream's start, until its response id was found (Responses only)."""
+        self.retag = _Retag(relay, req, guard.worker) if relay._records(req, out.status) else None
+        """Rewrites the response ids on the way (Responses only)."""
 
     def pass_on(self, chunk: bytes, last: bool) -> bool:
         """Write a piece of the stream (``last``: the body's end goes with it); whether to go on at once (False:
@@ -215,20 +229,61 @@ class _Passing:
             self._guard.started()
             req = self._req
             self._relay._metrics.ttft_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
+        if self.retag is not None:
+            chunk = self.retag.feed(chunk, last)
+            if not chunk and not last:
+                return True  # held until the id is known or the piece of an id is complete
         try:
             slow = self._out.write_now(chunk, last=last)
         except ConnectionError:
             self.gone = True
             return False
         self.done = chunk.endswith(SSE_DONE) or (self._last is not None and self._last in chunk)
-        if self.scan is not None:
-            self.scan += chunk
-            if (rid := id_of_events(bytes(self.scan))) is not None:
-                self._relay._remember(rid, self._guard.worker)
-                self.scan = None
-            elif len(self.scan) > SCAN_LIMIT:
-                self.scan = None
         return not slow
+
+
+class _Retag:
+    """A Responses stream's ids in the client's form (``Relay._tagging``): the stream is held until its first event
+    with the response's id (``response.created``, the first event; at most ``SCAN_LIMIT`` bytes), then passed on with
+    every occurrence replaced, but for a last few bytes that may begin an id completed by the next piece."""
+
+    __slots__ = ("_pairs", "_pending", "_relay", "_req", "_worker")
+
+    def __init__(self, relay: Relay, req: ProxyRequest, worker: Worker) -> None:
+        self._relay, self._req, self._worker = relay, req, worker
+        self._pairs: list[tuple[bytes, bytes]] | None = None
+        """Known once the id was found ([] when it was not, within ``SCAN_LIMIT``)."""
+        self._pending = b""
+
+    def feed(self, chunk: bytes, last: bool) -> bytes:
+        """What of the stream so far goes to the client now."""
+        data = self._pending + chunk
+        if self._pairs is None:
+            rid = id_of_events(data)
+            if rid is None and len(data) <= SCAN_LIMIT and not last:
+                self._pending = data
+                return b""
+            self._pairs = [] if rid is None else self._relay._tagging(self._req, rid, self._worker)
+        for old, new in self._pairs:
+            data = data.replace(old, new)
+        keep = 0 if last else max((_held(data, old) for old, _ in self._pairs), default=0)
+        self._pending = data[len(data) - keep :] if keep else b""
+        return data[: len(data) - keep] if keep else data
+
+    def flush(self) -> bytes:
+        """What is still held when the stream ends."""
+        data, self._pending = self._pending, b""
+        for old, new in self._pairs or ():
+            data = data.replace(old, new)
+        return data
+
+
+def _held(data: bytes, needle: bytes) -> int:
+    """The length of the longest end of ``data`` that begins ``needle`` (and could be completed by what follows)."""
+    for k in range(min(len(needle) - 1, len(data)), 0, -1):
+        if data.endswith(needle[:k]):
+            return k
+    return 0
 
 
 async def _end_with_error(out: wire.StreamResponse, endpoint: str, message: str, *, type: str, code: str) -> None:
@@ -253,13 +308,15 @@ def error_event(endpoint: str, message: str, *, type: str, code: str) -> bytes:
     return b"data: " + event + b"\n\ndata: [DONE]\n\n"
 
 
-def relayed_head(upstream: Mapping[str, str], worker: Worker) -> bytes:
+def relayed_head(upstream: Mapping[str, str], worker: Worker, *, url: bool = False) -> bytes:
     """The worker's answer headers the client gets, encoded (``wire.Response.head``): all but those of the hop
-    (``DROP_RESPONSE_HEADERS``: the router frames its own answer), then the routed worker's id and URL."""
+    (``DROP_RESPONSE_HEADERS``: the router frames its own answer), then the routed worker's id, and its URL when
+    ``url`` (``--expose-worker-url``)."""
     kept = "".join(f"{k}: {v}\r\n" for k, v in upstream.items() if k.lower() not in DROP_RESPONSE_HEADERS)
-    return (kept + _worker_lines(worker.id, worker.url)).encode("latin-1", "replace")
+    return (kept + _worker_lines(worker.id, worker.url if url else None)).encode("latin-1", "replace")
 
 
 @functools.lru_cache(maxsize=1024)
-def _worker_lines(worker_id: str, url: str) -> str:
-    return f"{WORKER_ID_HEADER}: {worker_id}\r\n{ROUTED_WORKER_HEADER}: {url}\r\n"
+def _worker_lines(worker_id: str, url: str | None) -> str:
+    lines = f"{WORKER_ID_HEADER}: {worker_id}\r\n"
+    return lines if url is None else f"{lines}{ROUTED_WORKER_HEADER}: {url}\r\n"

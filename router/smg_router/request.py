@@ -43,7 +43,7 @@ ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "
 """Request kind → the endpoint path it arrives on and is forwarded to."""
 KIND_OF = {path: kind for kind, path in ENDPOINTS.items()}
 RETRY_AFTER_S = 1
-FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent")
+FORWARD_REQUEST_HEADERS = ("content-type", "authorization", "accept", "x-request-id", "traceparent", "idempotency-key")
 """Client headers the worker gets; without ``authorization`` when the router checks its own ``--api-key``."""
 ANTHROPIC_HEADERS = ("x-api-key", "anthropic-version", "anthropic-beta")
 """What /v1/messages forwards besides: Anthropic's key header (only when the router checks no key) and versions."""
@@ -85,7 +85,10 @@ class ProxyRequest:
     """The session key that pins the request to a worker (``policies.sticky``): the routing key header's value,
     or a Responses call's ``previous_response_id``; None: the model's policy chooses."""
     worker_hint: str | None = None
-    """Id of the worker that produced the ``previous_response_id`` (as this router relayed it), or None."""
+    """Id of the worker that produced the ``previous_response_id`` (the worker its tag names), or None."""
+    previous_response_id: str | None = None
+    """A Responses call's ``previous_response_id`` as the client sent it, when the body forwarded carries the
+    engine's own id instead (``response_ids``): the answer repeats it in the client's form."""
     tokens: list[int] | None = None
     """The token ids of the engine's prompt when the router knows them (``prompts.prompt_tokens``): what the
     indexes of the engines' KV events match."""

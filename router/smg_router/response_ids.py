@@ -1,51 +1,73 @@
-"""Which worker produced each Responses API response this router relayed: stateful Responses routing.
+"""Which worker produced a Responses API response, written into the response's id: stateful Responses routing
+through any replica.
 
-A ``/v1/responses`` call with ``previous_response_id`` needs the worker that stored that response (engines
-keep them in memory).  The relay records the ``id`` of every response it passes through -- the JSON body's
-``id``, or in a stream the ``response.id`` of the first event that carries one (``response.created``) --
-with the worker that produced it, in a bounded LRU map; the proxy looks the id up and hands the worker to
-the policy as a hint (``policies.sticky``).  An id this replica never saw (another replica relayed it, or
-this one restarted) is routed by rendezvous hashing of the id: a session key like any other.
+A ``/v1/responses`` call with ``previous_response_id`` needs the worker that stored that response (engines keep
+them in memory).  The relay tags the id of every response it passes through with its worker: the engine's id
+``resp_abc`` becomes ``resp_abc_smg`` + ``TOKEN_HEX`` hex digits, the worker's token (an HMAC-SHA256 of its URL
+under ``--response-id-key``, ``ResponseIdTags.token``).  Where the id appears -- the JSON body's ``id``, every event
+of a stream that carries it (``_Retag`` in ``relay``), and the ``previous_response_id`` the answer repeats -- the
+client sees the tagged form.  A follow-up names the tagged id; whichever replica it reaches reads the worker from the
+token (the worker of the model whose token it is: ``policies.sticky``'s ``stored`` branch) and forwards the engine's
+own id.  Nothing is remembered and no replica tells another anything: every replica with the same key (the default
+one, or the same ``--response-id-key``) reads every tag, across restarts.
 
-Memory: ``MAX_RESPONSE_IDS`` entries of ~200 bytes (an id, a worker id, the map's links): ~13 MB at most.
+An id without a valid tag (the marker, then exactly ``TOKEN_HEX`` lower-case hex digits), or whose token is no
+registered worker's (it was removed), is forwarded as sent and routed by rendezvous hashing of the id: a session key
+like any other.  The token tells nothing of the worker's URL without the key; with the default key it is as
+opaque as the ``x-smg-worker-id`` header (a hash of the URL).  A client that forges a token can only pick one of the
+model's workers, as a session key already lets it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
+import hashlib
+import hmac
 
 import orjson
 
-MAX_RESPONSE_IDS = 65536
-"""Response ids remembered (the least recently used is forgotten first): a conversation continued within
-the last 65536 responses this replica relayed finds its worker."""
+MARKER = "_smg"
+"""Between the engine's id and the worker's token."""
+TOKEN_HEX = 16
+"""Hex digits of a worker's token (64 bits: no two workers of a fleet share one)."""
+DEFAULT_KEY = b"smg-response-id"
+"""The key without ``--response-id-key``: the same on every replica, so tags are read everywhere; not a secret."""
 SCAN_LIMIT = 65536
 """Bytes of a stream's start searched for its response id: the first event is far smaller."""
+_HEX = frozenset("0123456789abcdef")
 
 
-class ResponseIds:
-    """A bounded LRU map: response id → id of the worker that produced it."""
+class ResponseIdTags:
+    """Tags response ids with their worker and reads the tags back."""
 
-    __slots__ = ("_map", "max_size")
+    __slots__ = ("_key",)
 
-    def __init__(self, max_size: int = MAX_RESPONSE_IDS) -> None:
-        self.max_size = max_size
-        self._map: OrderedDict[str, str] = OrderedDict()
+    def __init__(self, key: bytes = DEFAULT_KEY) -> None:
+        self._key = key
 
-    def __len__(self) -> int:
-        return len(self._map)
+    def token(self, worker_url: str) -> str:
+        return _token(self._key, worker_url)
 
-    def remember(self, response_id: str, worker_id: str) -> None:
-        self._map[response_id] = worker_id
-        self._map.move_to_end(response_id)
-        if len(self._map) > self.max_size:
-            self._map.popitem(last=False)
+    def tag(self, response_id: str, worker_url: str) -> str:
+        """The id the client gets for ``response_id``, produced by the worker at ``worker_url``."""
+        return response_id + MARKER + _token(self._key, worker_url)
 
-    def worker_of(self, response_id: str) -> str | None:
-        worker = self._map.get(response_id)
-        if worker is not None:
-            self._map.move_to_end(response_id)
-        return worker
+    def untag(self, tagged: str) -> tuple[str, str | None]:
+        """(the engine's id, the worker's token) of a tagged id; (the id as given, None) without a valid tag."""
+        head, marker, token = tagged.rpartition(MARKER)
+        if not marker or not head or len(token) != TOKEN_HEX or not _HEX.issuperset(token):
+            return tagged, None
+        return head, token
+
+
+@functools.lru_cache(maxsize=4096)
+def _token(key: bytes, worker_url: str) -> str:
+    return hmac.new(key, worker_url.encode(), hashlib.sha256).hexdigest()[:TOKEN_HEX]
+
+
+def quoted(text: str) -> bytes:
+    """``text`` as a JSON string, quotes included: what is searched and replaced in an answer's bytes."""
+    return orjson.dumps(text)
 
 
 def id_of_body(body: bytes) -> str | None:

@@ -1,13 +1,23 @@
 """The one retry loop, for every path that may try another worker: ``proxy``'s requests, ``pd.vllm``'s prefill leg.
 
 The rule: at most 1 + ``--max-retries`` attempts, each on a worker this request has not tried yet, each retry
-after a backoff (``RetrySettings.backoff``) and counted in ``smg_retries_total{endpoint}``.  While nothing reached
-the client, an attempt is retried when its worker cannot be reached or times out, answers a 5xx or a 429 (a 429
+after a backoff (``RetrySettings.backoff``) and counted in ``smg_retries_total{endpoint,outcome="retried"}``.  While
+nothing reached the client, an attempt is retried when its worker cannot be reached, answers a 5xx or a 429 (a 429
 only while another worker is left: with none, the client's own back-off is the remedy, so the 429 is passed on),
-or broke its answer off before the path used any of it (``TryElsewhere``).  A multipart upload that went partly
-to a worker cannot be sent again, so its first failure is the last.  The last attempt's answer is passed on
-whatever its status; when the attempts or the workers run out after failures, the path's ``gave_up`` error says
-why.
+or broke its answer off before the path used any of it (``TryElsewhere``).  Three things stop a retry:
+
+- A timeout once the request was written to the worker (``send`` raised ``TimeoutError``: the first-byte or the
+  total bound): the worker may still be generating it, and running it again elsewhere would double its cost and
+  its effects.  The answer is a 504, unless the client said a second run is harmless (an ``Idempotency-Key``
+  header, ``IDEMPOTENCY_HEADER``).
+- The retry budget (``RetryBudget``): retries may be at most ``--retry-budget-ratio`` of the requests of the last
+  ten seconds (or ``--retry-budget-min``, whichever is more), so a fleet that answers every request with a 429 or
+  a 5xx sees about 1.2 attempts per request, not three.  A retry refused is counted in
+  ``smg_retries_total{outcome="budget_exhausted"}`` and the failure so far is the answer (a 429 or 5xx passed on).
+- A multipart upload that went partly to a worker cannot be sent again, so its first failure is the last.
+
+The last attempt's answer is passed on whatever its status; when the attempts or the workers run out after
+failures, the path's ``gave_up`` error says why.
 
 A path gives only what differs: what one attempt sends (``send``), what it makes of the answer it keeps (``use``)
 and the wording of its errors.  Choosing the worker, waiting behind a burst's first prefill (``coordination.Holds``)
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import TypeVar
 
@@ -31,6 +42,52 @@ from smg_router.upstream import UpstreamConnectError, UpstreamResponse
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+"""The client header that makes a timed-out request retryable on another worker (the IETF's ``Idempotency-Key``,
+which OpenAI's and Stripe's clients send): the client says running it twice is harmless."""
+BUDGET_SLOTS = 10
+"""The retry budget's window, in one-second slots."""
+
+
+class RetryBudget:
+    """Retries may be at most ``ratio`` of the requests of the last ``BUDGET_SLOTS`` seconds, or ``minimum``,
+    whichever is more (Envoy's retry budget, counted over a window rather than over the requests in flight, so
+    that a fleet answering at once is bounded too).  Two counters a request: one slot index, one increment."""
+
+    __slots__ = ("_clock", "_requests", "_retries", "_slot", "minimum", "ratio")
+
+    def __init__(self, *, ratio: float, minimum: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ratio = ratio
+        self.minimum = minimum
+        self._clock = clock
+        self._requests = [0] * BUDGET_SLOTS
+        self._retries = [0] * BUDGET_SLOTS
+        self._slot = int(clock())
+
+    def _advance(self, now: int) -> None:
+        """Empty the slots that aged out of the window by second ``now``."""
+        for s in range(max(self._slot + 1, now - BUDGET_SLOTS + 1), now + 1):
+            self._requests[s % BUDGET_SLOTS] = self._retries[s % BUDGET_SLOTS] = 0
+        self._slot = now
+
+    def request(self) -> None:
+        """A request starts its first attempt (on every request: one clock read, one increment)."""
+        now = int(self._clock())
+        if now != self._slot:
+            self._advance(now)
+        self._requests[now % BUDGET_SLOTS] += 1
+
+    def take(self) -> bool:
+        """Whether one more retry fits in the budget (it is then counted in)."""
+        now = int(self._clock())
+        if now != self._slot:
+            self._advance(now)
+        slot = now % BUDGET_SLOTS
+        if sum(self._retries) >= max(self.minimum, self.ratio * sum(self._requests)):
+            return False
+        self._retries[slot] += 1
+        return True
 
 
 class TryElsewhere(Exception):
@@ -83,6 +140,7 @@ class RetryLoop:
         self._metrics = metrics
         self._sleep = sleep
         """The backoff's wait (a test's fake clock can stand in)."""
+        self.budget = RetryBudget(ratio=settings.budget_ratio, minimum=settings.budget_min)
 
     async def run(
         self,
@@ -106,9 +164,10 @@ class RetryLoop:
         retries = self._settings.max_retries
         tried: set[str] = set()
         last: Exception | None = None
+        self.budget.request()
         for n in range(retries + 1):
             if n:
-                self._metrics.retries.labels(req.endpoint).inc()
+                self._metrics.retries.labels(req.endpoint, "retried").inc()
                 await self._sleep(self._settings.backoff(n))
             try:
                 if first is not None and not n:
@@ -120,6 +179,7 @@ class RetryLoop:
                     raise
                 break  # no other worker: the failure so far is the answer
             tried.add(guard.worker.id)
+            paid = False  # a retry of this attempt was already taken from the budget
             with guard:
                 if guard.behind is not None:  # behind a burst's first prefill
                     await self._attempts.holds.wait(guard, req.model, role)
@@ -128,21 +188,42 @@ class RetryLoop:
                 except (UpstreamConnectError, TimeoutError) as e:
                     guard.failed()
                     last = unreachable(guard, e)
+                    if isinstance(e, TimeoutError) and IDEMPOTENCY_HEADER not in req.headers:
+                        log.warning(
+                            "attempt %d at %s timed out after the request was written: not retried (no %s header)",
+                            n + 1,
+                            guard.worker.url,
+                            IDEMPOTENCY_HEADER,
+                        )
+                        break  # the worker may still be running it: never run it twice unasked
                 else:
-                    if self._passes_on(resp.status, role, req, tried, last_try=n == retries):
+                    passes = self._passes_on(resp.status, role, req, tried, last_try=n == retries)
+                    if not passes and not (paid := self._take(req)):
+                        passes = True  # over the budget: the worker's answer is the client's
+                    if passes:
                         try:
                             return await use(guard, resp)
                         except TryElsewhere as e:
                             guard.failed()
                             last = e.error
+                            paid = False
                     else:
                         guard.answered(resp.status)
                         last = await set_aside(guard, resp)
                 log.warning("attempt %d of %d at %s failed: %s", n + 1, retries + 1, guard.worker.url, describe(last))
             if not _replayable(req):
                 break  # the upload went partly to that worker: it cannot be sent again
+            if n < retries and not paid and not self._take(req):
+                break  # over the budget: the failure so far is the answer
         assert last is not None  # the loop ends early only after a failure
         raise gave_up(last, len(tried))
+
+    def _take(self, req: ProxyRequest) -> bool:
+        """A retry from the budget, or False (counted as ``budget_exhausted``)."""
+        if self.budget.take():
+            return True
+        self._metrics.retries.labels(req.endpoint, "budget_exhausted").inc()
+        return False
 
     def _passes_on(self, status: int, role: str, req: ProxyRequest, tried: Collection[str], *, last_try: bool) -> bool:
         """Whether an answer goes to the path rather than to another worker: not a 5xx or 429, the last attempt's,

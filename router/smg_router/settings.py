@@ -109,6 +109,14 @@ class RetrySettings:
     """Consecutive failures that open a worker's circuit breaker."""
     breaker_cooldown: float = 10.0
     """Seconds an open breaker waits before letting one trial request through (half-open)."""
+    budget_ratio: float = 0.2
+    """Retries may be at most this share of the requests of the last ten seconds (``retry.RetryBudget``): a fleet
+    failing every request sees about 1 + ratio attempts per request.  ``max_retries`` or more: no budget."""
+    budget_min: int = 10
+    """Retries the budget allows in any ten seconds whatever the traffic (a quiet router still retries)."""
+    max_ejection_share: float = 0.5
+    """Open breakers take at most this share of a model's workers out of routing; past it every worker of the
+    model serves again (Envoy's max ejection percent, then its panic routing).  1.0: no bound."""
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry ``attempt`` (1, 2, ...): doubling from backoff_initial up to backoff_max,
@@ -177,6 +185,11 @@ class RoutingSettings:
     tokenizes that model's prompts, so its workers' KV events can be matched (``prompts``)."""
     kv_events: tuple[tuple[str, str, str | None], ...] = ()
     """(worker url, KV events endpoint, replay endpoint or None) of workers registered at start."""
+    response_id_key: str = ""
+    """The key of the worker tokens in Responses ids (``response_ids``); the same on every replica.  "": a fixed
+    public key (tags are read by every replica, and are as opaque as the worker id)."""
+    expose_worker_url: bool = False
+    """Answers carry the worker's URL (``x-smg-routed-worker-id``) besides its opaque id: for debugging."""
 
 
 def resolve_aliases(pairs: Sequence[tuple[str, str]], served: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -438,6 +451,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         routing,
+        "--response-id-key",
+        None,
+        secret=True,
+        help="key of the worker tokens the router writes into Responses ids (previous_response_id reaches the worker "
+        "that stored the response through any replica); the same on every replica; unset: a fixed public key",
+    )
+    routing.add_argument(
+        "--expose-worker-url",
+        action="store_true",
+        default=str(_env("expose-worker-url", "")).lower() in ("1", "true", "yes"),
+        help="answers carry the routed worker's URL in x-smg-routed-worker-id, not only its opaque x-smg-worker-id "
+        "(debugging: a worker's address inside the cluster is not the client's business)",
+    )
+    add(
+        routing,
         "--cache-threshold",
         pol.cache_threshold,
         type=float,
@@ -572,6 +600,33 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds an open breaker waits before a half-open trial",
         why="two default --health-check-interval periods; not measured",
+    )
+    add(
+        limits,
+        "--max-ejection-share",
+        r.max_ejection_share,
+        type=float,
+        help="largest share of a model's workers open breakers may take out of routing; past it the model's "
+        "workers all serve again, open breakers or not (panic routing, smg_breaker_panics_total); 1: no bound",
+        why="Envoy's outlier detection ejects at most 10%% of a cluster and panics below 50%% healthy; one of two "
+        "workers may be out",
+    )
+    add(
+        limits,
+        "--retry-budget-ratio",
+        r.budget_ratio,
+        type=float,
+        help="retries may be at most this share of the requests of the last 10 s (or --retry-budget-min); past it "
+        "the failure is the answer (smg_retries_total{outcome=budget_exhausted})",
+        why="Envoy's retry budget default (20%% of active requests)",
+    )
+    add(
+        limits,
+        "--retry-budget-min",
+        r.budget_min,
+        type=int,
+        help="retries allowed in any 10 s whatever the traffic",
+        why="one a second: a quiet router still retries a failure; not measured",
     )
     add(
         limits,
@@ -772,6 +827,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error(
             "--request-timeout, --first-byte-timeout, --stream-idle-timeout and --body-timeout must be positive"
         )
+    if not a.retry_budget_ratio >= 0 or a.retry_budget_min < 0:  # NaN fails the first
+        parser.error("--retry-budget-ratio and --retry-budget-min must not be negative")
+    if not 0.0 < a.max_ejection_share <= 1.0:
+        parser.error("--max-ejection-share must be above 0 and at most 1")
     if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
         parser.error("--admin-port must be a port number other than --port (or 0)")
     if not 1 <= a.processes <= 256:
@@ -859,6 +918,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             model_aliases=aliases,
             tokenizers=tuple(tokenizers),
             kv_events=tuple(kv_events),
+            response_id_key=a.response_id_key or "",
+            expose_worker_url=a.expose_worker_url,
         ),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
@@ -899,6 +960,9 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_retries=a.max_retries,
             breaker_failure_threshold=a.breaker_failure_threshold,
             breaker_cooldown=a.breaker_cooldown,
+            budget_ratio=a.retry_budget_ratio,
+            budget_min=a.retry_budget_min,
+            max_ejection_share=a.max_ejection_share,
         ),
         worker_urls=tuple(_split(" ".join(a.worker_urls))),
         model_id=a.model_id,

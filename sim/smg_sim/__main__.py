@@ -65,7 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_tokens_default,
         help="completion length when the request does not set one",
     )
-    p.add_argument("--error-rate", type=float, default=d.error_rate, help="fraction of requests answered 500")
+    p.add_argument(
+        "--error-rate", type=float, default=d.error_rate, help="fraction of requests answered --error-status"
+    )
+    p.add_argument(
+        "--error-status", type=int, default=d.error_status, help="status of the --error-rate answers (e.g. 429, 503)"
+    )
     p.add_argument("--hang-rate", type=float, default=d.hang_rate, help="fraction of requests never answered")
     p.add_argument("--slow-start", type=float, default=d.slow_start, help="seconds of 503 from /health at start")
     p.add_argument("--crash-after", type=int, default=None, help="exit(1) on the N-th generation request")
@@ -132,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         decode_step_ms_per_req=args.decode_step_ms_per_req,
         max_tokens_default=args.max_tokens_default,
         error_rate=args.error_rate,
+        error_status=args.error_status,
         hang_rate=args.hang_rate,
         slow_start=args.slow_start,
         crash_after=args.crash_after,

@@ -70,7 +70,10 @@ class SimConfig:
     """Completion length when a request does not say `max_tokens` / `max_new_tokens`."""
 
     error_rate: float = 0.0
-    """Fraction of generation requests answered with a simulated 500 error."""
+    """Fraction of generation requests answered with a simulated error (``error_status``)."""
+
+    error_status: int = 500
+    """The status of those answers: 500 a broken engine, 503 an overloaded one, 429 one that sheds load."""
 
     hang_rate: float = 0.0
     """Fraction of generation requests that never answer (until the client disconnects)."""
@@ -147,6 +150,8 @@ class SimConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 yield f"{name} must be within [0, 1], got {value}"
+        if not 400 <= self.error_status <= 599:
+            yield f"error_status must be a 4xx or 5xx status, got {self.error_status}"
         if self.slow_start < 0:
             yield "slow_start must be >= 0"
         if self.crash_after is not None and self.crash_after < 1:

@@ -81,7 +81,9 @@ async def apply_fault(state: SimState) -> None:
         state.crash()
         raise ApiError(500, "simulated crash", type="server_error", code="simulated_crash")
     if fault is Fault.ERROR:
-        raise ApiError(500, "simulated engine error (--error-rate)", type="server_error", code="simulated_error")
+        status = state.config.error_status
+        kind = "rate_limit_exceeded" if status == 429 else "server_error" if status >= 500 else "invalid_request_error"
+        raise ApiError(status, "simulated engine error (--error-rate)", type=kind, code="simulated_error")
     log.info("hanging generation request #%d (--hang-rate)", state.faults.requests_seen)
     await asyncio.Event().wait()  # until the client disconnects and aiohttp cancels the handler
 

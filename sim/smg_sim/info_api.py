@@ -80,7 +80,9 @@ async def loads(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    text = prometheus_text(state.engine.stats(), model=state.config.model)
+    text = prometheus_text(
+        state.engine.stats(), model=state.config.model, generation_requests=state.faults.requests_seen
+    )
     return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 

@@ -64,12 +64,18 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def prometheus_text(stats: EngineStats, *, model: str) -> str:
-    """Prometheus text format 0.0.4, every sample labelled with `model_name`."""
+def prometheus_text(stats: EngineStats, *, model: str, generation_requests: int | None = None) -> str:
+    """Prometheus text format 0.0.4, every sample labelled with `model_name`; ``generation_requests``: the
+    generation requests the worker received, those its faults answered included (``smg_sim_``, not an engine's)."""
     labels = f'{{model_name="{_label(model)}"}}'
     lines = []
     for name, kind, attr, help_text in _METRICS:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name}{labels} {_number(getattr(stats, attr))}")
+    if generation_requests is not None:
+        name = "smg_sim_generation_requests_total"
+        lines.append(f"# HELP {name} Generation requests received, those answered by an injected fault included.")
+        lines.append(f"# TYPE {name} counter")
+        lines.append(f"{name}{labels} {_number(generation_requests)}")
     return "\n".join(lines) + "\n"

@@ -281,6 +281,8 @@ def start_router(
     port: int | None = None,
     host: str = "127.0.0.1",
 ) -> Router:
+    """An smg-router process logging under ``tmp``, serving once this returns.  Its answers name the routed worker's
+    URL (``--expose-worker-url``, off by default in the router), which tests read; ``env`` may turn it off."""
     port = port or free_port(host)
     argv = [
         sys.executable,
@@ -306,7 +308,7 @@ def start_router(
         name=f"router-{host}-{port}",
         args=argv,
         log_path=tmp / f"router-{host}-{port}.log",
-        env=env or {},
+        env={"SMG_EXPOSE_WORKER_URL": "1", **(env or {})},  # tests read the routed worker's URL; "" turns it off
         host=host,
         port=port,
         admin_key=admin_key,

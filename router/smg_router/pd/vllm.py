@@ -213,7 +213,11 @@ class VllmDispatcher:
         finally:
             resp.abort()
         guard.answered(resp.status)
-        return wire.Response(status=resp.status, body=data, head=relayed_head(resp.headers, guard.worker))
+        return wire.Response(
+            status=resp.status,
+            body=data,
+            head=relayed_head(resp.headers, guard.worker, url=self._relay.expose_worker_url),
+        )
 
 
 def _decode_not_asked(last: Exception, tried: int) -> UpstreamError:

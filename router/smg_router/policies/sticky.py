@@ -7,7 +7,8 @@ So a key stays on one worker, every replica sends it to the same one, and it mov
 leaves, becomes unroutable, was already tried by this request (retries exclude it), or is over the gate.
 
 A worker known to hold the request's state (``RouteRequest.worker_hint``: the worker that produced the
-previous response) is taken whenever it is a candidate, over the gate or not: no other worker can answer.
+previous response, named by the tag of its id) is taken whenever it is a candidate, over the gate or not: no other
+worker can answer.
 
 ``Policy.route`` calls ``pin`` for every policy alike and then lets the policy record the choice
 (``Policy.pinned``: cache_aware inserts the text for that worker, so its tree stays true).

@@ -6,7 +6,7 @@ fraction of ``ClientSession``'s cost per request); https workers go through ``se
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable, Callable, Mapping
 
 from smg_router.upstream.base import Timeouts, UpstreamResponse
 from smg_router.upstream.lean import LeanUpstream
@@ -16,8 +16,9 @@ from smg_router.upstream.session import SessionUpstream
 class Upstream:
     """Both transports under the same ``Timeouts``; each raises ``TimeoutError`` past any of them."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
-        self._lean = LeanUpstream(timeouts)
+    def __init__(self, timeouts: Timeouts, *, on_resend: Callable[[str], None] | None = None) -> None:
+        """``on_resend``: told the URL of each request the lean client sent again on a fresh connection."""
+        self._lean = LeanUpstream(timeouts, on_resend=on_resend)
         self._tls = SessionUpstream(timeouts)
 
     async def start(self) -> None:
@@ -35,6 +36,6 @@ class Upstream:
 
     async def post_stream(self, url: str, body: AsyncIterable[bytes], headers: Mapping[str, str]) -> UpstreamResponse:
         """A body sent as it is produced (a streamed upload), through ``session`` for http and https alike: the
-        lean client sends bodies of known bytes only.  The first-byte timeout counts from the start of the
-        upload (the worker answers once it has read the body)."""
+        lean client sends bodies of known bytes only.  The first-byte timeout counts from the end of the
+        upload: however slowly the client sends it, the worker is not late before it has the whole body."""
         return await self._tls.post(url, body, headers)

@@ -391,7 +391,9 @@ class LeanResponse(BodyByChunks):
 class LeanUpstream:
     """The plain-http transport of ``client.Upstream``, bounded by ``Timeouts``."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
+    def __init__(self, timeouts: Timeouts, *, on_resend: Callable[[str], None] | None = None) -> None:
+        self._on_resend = on_resend
+        """Told the URL of every request sent again on a fresh connection (``post``), to be counted."""
         self._connect_timeout = timeouts.connect
         self._timeouts = _Timeouts(timeouts)
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
@@ -459,7 +461,10 @@ class LeanUpstream:
             try:
                 return await self._send(conn, request)
             except UpstreamConnectError:
-                pass  # the worker had closed this idle connection: not a worker failure, try a fresh one
+                # the worker had closed this idle connection: not a worker failure, try a fresh one (counted: the
+                # worker may have read the request before it closed, as with any HTTP/1.1 client's re-send)
+                if self._on_resend is not None:
+                    self._on_resend(url)
         return await self._send(await self._connect(key), request)
 
     async def _send(self, conn: _Conn, request: bytes) -> LeanResponse:

@@ -8,7 +8,8 @@ read, a silence longer than the stream-idle timeout is a ``TimeoutError`` and a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Callable, Mapping
+import contextlib
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
@@ -70,7 +71,8 @@ class SessionResponse(BodyByChunks):
 
 
 class SessionUpstream:
-    """``Timeouts.first_byte`` bounds connect + request + response headers here; the others as in ``lean``."""
+    """``Timeouts.first_byte`` bounds connect + request + response headers here (a streamed upload's: from the end of
+    the upload, since a slow client is no slow worker); the others as in ``lean``."""
 
     def __init__(self, timeouts: Timeouts) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeouts.total, sock_connect=timeouts.connect)
@@ -94,7 +96,11 @@ class SessionUpstream:
         gave one, else chunked)."""
         if self._session is None:
             raise RuntimeError("SessionUpstream.start() was not awaited")
-        first_byte = asyncio.timeout(self._first_byte)
+        if isinstance(body, bytes):
+            first_byte = asyncio.timeout(self._first_byte)
+        else:  # the client's upload: its pace is not the worker's, the first-byte clock starts at its end
+            first_byte = asyncio.timeout(None)
+            body = self._then_first_byte(body, first_byte)
         try:
             async with first_byte:
                 resp = await self._session.post(url, data=body, headers=headers)
@@ -109,3 +115,11 @@ class SessionUpstream:
         except OSError as e:
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
         return SessionResponse(resp, self._idle)
+
+    async def _then_first_byte(self, body: AsyncIterable[bytes], first_byte: asyncio.Timeout) -> AsyncIterator[bytes]:
+        """``body`` as it comes, then the first-byte bound armed: the worker has the whole request."""
+        async for chunk in body:
+            yield chunk
+        if self._first_byte is not None:
+            with contextlib.suppress(RuntimeError):  # the worker answered before it read the whole body
+                first_byte.reschedule(asyncio.get_running_loop().time() + self._first_byte)

@@ -239,7 +239,8 @@ async def test_a_worker_answering_503_is_retried_on_another_and_the_client_never
                         assert f"http://{r.headers['x-smg-sim-worker']}" == sim.url
                     assert len(answer["results"]) == 2
             assert refused >= 1  # by load, the busy worker was chosen, answered 503, and was retried elsewhere
-            assert metric_value(router.metrics(), "smg_retries_total", endpoint="/v1/rerank") == refused
+            retried = metric_value(router.metrics(), "smg_retries_total", endpoint="/v1/rerank", outcome="retried")
+            assert retried == refused
         finally:
             router.stop()
             sim.stop()
@@ -255,8 +256,9 @@ async def test_a_hung_worker_times_out_and_pass_through_requests_go_elsewhere_or
     try:
         router.wait_routable(2)
         async with aiohttp.ClientSession() as s:
-            for i in range(3):
-                async with s.post(router.url + "/v1/tokenize", json={"model": MODEL, "prompt": f"p{i}"}) as r:
+            for i in range(3):  # the key: a request the hung worker may still be running is sent again only then
+                body, key = {"model": MODEL, "prompt": f"p{i}"}, {"Idempotency-Key": f"tokenize-{i}"}
+                async with s.post(router.url + "/v1/tokenize", json=body, headers=key) as r:
                     assert r.status == 200, await r.text()
         assert metric_value(router.metrics(), "smg_retries_total", endpoint="/v1/tokenize") >= 1
         good.stop()  # only the hung worker is left: a timeout, mapped as on every endpoint

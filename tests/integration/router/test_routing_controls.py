@@ -211,7 +211,8 @@ def test_an_alias_is_a_startup_error_when_it_names_the_served_model() -> None:
 async def test_previous_response_id_goes_to_the_worker_that_stored_the_response(logs: Path, fleet4: list[Sim]) -> None:
     """A chain of stateful Responses calls through the openai client: every call continues the previous one, which
     only the worker that produced it holds (smg-sim answers 404 elsewhere, as vLLM does), streamed or not.  A
-    replica that never relayed the id routes it by rendezvous of the id, the same worker on every such replica."""
+    replica that never relayed the id reads its worker from the id's tag; an id without a tag is routed by rendezvous
+    of the id, the same worker on every replica."""
     urls = [s.url for s in fleet4]
     a, b, c = (start_router(logs, workers=urls) for _ in range(3))
     try:
@@ -242,10 +243,16 @@ async def test_previous_response_id_goes_to_the_worker_that_stored_the_response(
                     previous = answer.id
         assert metric_value(a.metrics(), "smg_routing_decisions_total", model=MODEL, branch="stored") == 10
         body = {"model": MODEL, "input": "elsewhere", "previous_response_id": previous}
-        status_b, _, got_b = post(b, "/v1/responses", body)
+        status_b, answer_b, got_b = post(b, "/v1/responses", body)
         status_c, _, got_c = post(c, "/v1/responses", body)
-        assert got_b["x-smg-worker-id"] == got_c["x-smg-worker-id"]  # rendezvous of the id: the same worker
-        assert status_b == status_c == (200 if got_b["x-smg-worker-id"] == worker else 404)
+        assert got_b["x-smg-worker-id"] == got_c["x-smg-worker-id"] == worker  # the id's tag names the worker
+        assert status_b == status_c == 200, answer_b
+        assert answer_b["previous_response_id"] == previous  # in the form the client sent
+        assert metric_value(b.metrics(), "smg_routing_decisions_total", model=MODEL, branch="stored") == 1
+        unknown = {**body, "previous_response_id": "resp_" + uuid.uuid4().hex}  # no tag: rendezvous of the id
+        status_b, _, got_b = post(b, "/v1/responses", unknown)
+        status_c, _, got_c = post(c, "/v1/responses", unknown)
+        assert got_b["x-smg-worker-id"] == got_c["x-smg-worker-id"] and status_b == status_c == 404
         assert metric_value(b.metrics(), "smg_routing_decisions_total", model=MODEL, branch="session") == 1
     finally:
         for r in (a, b, c):

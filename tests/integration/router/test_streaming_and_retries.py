@@ -54,7 +54,7 @@ def test_failed_attempts_are_retried_on_another_worker_and_open_the_breaker(logs
             )
             assert status == 200, body
         text = r.metrics()
-        assert metric_value(text, "smg_retries_total", endpoint="/v1/completions") == 3
+        assert metric_value(text, "smg_retries_total", endpoint="/v1/completions", outcome="retried") == 3
         bad_worker = next(w for w in r.workers() if w["url"] == bad.url)
         assert bad_worker["breaker"] == "open" and bad_worker["routable"] is False
         assert metric_value(text, "smg_worker_healthy", worker=bad.url) == 1  # healthy, but its breaker is open

@@ -1,10 +1,11 @@
 """The first-byte and stream-idle timeouts: both transports in process against a raw-socket
 worker, then the router as a real process in front of hung, stalled and stopped workers.
 
-A worker that sends no response headers in time fails the attempt like a connect error (retried on
-another worker, counted by its breaker, a 504 when none is left); one that falls silent in the middle of
-its body ends a stream with an ``upstream_timeout`` error event and ``[DONE]``, a non-streaming answer with
-a 504.  Neither bound counts time the router itself spends not reading, nor bounds a body that keeps coming.
+A worker that sends no response headers in time fails the attempt (counted by its breaker; a 504, or retried
+on another worker when the client sent an ``Idempotency-Key``, since the worker may still be running it); one
+that falls silent in the middle of its body ends a stream with an ``upstream_timeout`` error event and
+``[DONE]``, a non-streaming answer with a 504.  Neither bound counts time the router itself spends not reading,
+nor bounds a body that keeps coming.
 """
 
 from __future__ import annotations
@@ -260,9 +261,13 @@ def test_a_hung_worker_is_retried_on_a_healthy_one_and_its_breaker_counts_the_fa
     try:
         r.wait_routable(2)
         t0 = time.monotonic()
-        for i in range(6):
+        for i in range(6):  # idempotent: a timed-out request may be sent again elsewhere
             status, body = http_json(
-                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1}, timeout=30
+                "POST",
+                r.url + "/v1/completions",
+                {"model": MODEL, "prompt": f"hung {i}", "max_tokens": 1},
+                headers={"Idempotency-Key": f"hung-{i}"},
+                timeout=30,
             )
             assert status == 200, body
         hung_worker = next(w for w in r.workers() if w["url"] == hung.url)
@@ -411,6 +416,45 @@ async def test_a_pooled_connections_next_request_keeps_its_own_first_byte_bound(
             await client.post(url, b"{}", {})
         assert requests == 2  # the same connection: the worker saw both
         assert time.monotonic() - t0 < 1.5
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_request_sent_again_on_a_fresh_connection_is_told_to_be_counted() -> None:
+    """The worker closed the pooled connection after reading the next request on it: the lean client sends it again
+    on a fresh connection (the worker may have read it: a re-send), and tells ``on_resend`` (the router counts it
+    in ``smg_retries_total{outcome="resent"}``)."""
+    connections = 0
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections, requests
+        connections += 1
+        first_connection = connections == 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            answered = 0
+            while True:
+                await read_request(reader)
+                requests += 1
+                if first_connection and answered:
+                    break  # read, then closed unanswered: an idle timeout racing the next request
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+                answered += 1
+        writer.close()
+
+    server = await asyncio.start_server(serve, HOST, 0)
+    url = f"http://{HOST}:{server.sockets[0].getsockname()[1]}/v1/completions"
+    resent: list[str] = []
+    client = LeanUpstream(Timeouts(connect=2, total=LIMIT, first_byte=5), on_resend=resent.append)
+    try:
+        assert await (await client.post(url, b"{}", {})).read() == b"ok"
+        assert resent == []
+        assert await (await client.post(url, b"{}", {})).read() == b"ok"
+        assert (connections, requests) == (2, 3)  # the worker read the second request twice
+        assert resent == [url]
     finally:
         await client.close()
         server.close()

@@ -30,6 +30,20 @@ async def test_error_rate_one_answers_500(launch_sim: SimLauncher) -> None:
     assert http_get(f"{sim.url}/health")[0] == 200  # still healthy: only requests fail
 
 
+async def test_error_status_429_sheds_every_request_and_the_metrics_count_them(
+    launch_sim: SimLauncher, http: aiohttp.ClientSession
+) -> None:
+    sim = launch_sim("127.0.0.10", "--time-scale", "0.01", "--error-rate", "1", "--error-status", "429")
+    for _ in range(3):
+        async with http.post(f"{sim.url}/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 429
+            assert (await resp.json())["error"]["type"] == "rate_limit_exceeded"
+    async with http.get(f"{sim.url}/metrics") as resp:
+        text = await resp.text()
+    assert f'smg_sim_generation_requests_total{{model_name="{MODEL}"}} 3.0' in text
+    assert f'sglang:num_requests_total{{model_name="{MODEL}"}} 0.0' in text  # none reached the engine
+
+
 async def test_crash_after_two_kills_the_process_on_the_second_request(
     launch_sim: SimLauncher, http: aiohttp.ClientSession
 ) -> None:

@@ -116,7 +116,9 @@ SCRIPT: list[Op] = [
     lambda m: m.worker_poll_errors.labels(W1, "timeout").inc(),
     lambda m: m.requests.labels("/v1/completions", "llama", "503").inc(),  # back from zero, last
     lambda m: m.pd_requests.labels("ok").inc(),
-    lambda m: m.retries.labels("/v1/chat/completions").inc(),
+    lambda m: m.retries.labels("/v1/chat/completions", "retried").inc(),
+    lambda m: m.retries.labels("/v1/chat/completions", "budget_exhausted").inc(),
+    lambda m: m.breaker_panics.labels("llama", "regular").inc(),
     lambda m: m.requests_rejected.labels("queue_full").inc(),
 ]
 
@@ -183,7 +185,7 @@ def test_families_lists_every_metric_in_exposition_order() -> None:
     names = [f.name for f in m.families]
     exposed = [line.split()[2] for line in m.exposition().decode().splitlines() if line.startswith("# TYPE")]
     assert [n.removesuffix("_total") for n in exposed] == names
-    assert len(names) == len(set(names)) == 29
+    assert len(names) == len(set(names)) == 30
 
 
 _value = st.one_of(

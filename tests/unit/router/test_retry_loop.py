@@ -10,7 +10,7 @@ from smg_router.attempt import AttemptGuard, Attempts
 from smg_router.errors import NoWorkerAvailable, UpstreamError, UpstreamTimeout
 from smg_router.policies.registry import PolicyRegistry
 from smg_router.request import ProxyRequest
-from smg_router.retry import RetryLoop, TryElsewhere
+from smg_router.retry import RetryBudget, RetryLoop, TryElsewhere
 from smg_router.settings import RetrySettings
 from smg_router.upstream import UpstreamConnectError, UpstreamResponse
 from smg_router.workers.registry import WorkerRegistry
@@ -46,7 +46,16 @@ Use = Callable[[AttemptGuard, UpstreamResponse], Awaitable[tuple[str, int]]]
 class Fleet:
     """Workers, the loop over them, and a script of what each attempt meets, in order (whichever worker it is)."""
 
-    def __init__(self, env: Env, workers: int, *, max_retries: int = 2, backoff: float = 0.01) -> None:
+    def __init__(
+        self,
+        env: Env,
+        workers: int,
+        *,
+        max_retries: int = 2,
+        backoff: float = 0.01,
+        budget_ratio: float = 0.2,
+        budget_min: int = 10,
+    ) -> None:
         self.env = env
         self.registry = WorkerRegistry()
         self.workers: list[Worker] = [make_worker(n + 2) for n in range(workers)]
@@ -59,7 +68,13 @@ class Fleet:
         """What happened in order: ``send <url>`` and ``sleep <seconds>``."""
         self.sleeps: list[float] = []
         self.answers: list[FakeAnswer] = []
-        settings = RetrySettings(max_retries=max_retries, backoff_initial=backoff, backoff_max=1.0)
+        settings = RetrySettings(
+            max_retries=max_retries,
+            backoff_initial=backoff,
+            backoff_max=1.0,
+            budget_ratio=budget_ratio,
+            budget_min=budget_min,
+        )
         self.loop = RetryLoop(attempts=self.attempts, settings=settings, metrics=env.metrics, sleep=self._sleep)
         self.script: list[Outcome] = []
 
@@ -83,16 +98,23 @@ class Fleet:
         return [e.removeprefix("send ") for e in self.events if e.startswith("send ")]
 
     def retries(self) -> float:
-        return self.env.sample("smg_retries_total", endpoint=ENDPOINT)
+        return self.env.sample("smg_retries_total", endpoint=ENDPOINT, outcome="retried")
 
-    async def run(self, *script: Outcome, use: Use | None = None, **options: Any) -> tuple[str, int]:
+    def refused_by_budget(self) -> float:
+        return self.env.sample("smg_retries_total", endpoint=ENDPOINT, outcome="budget_exhausted")
+
+    async def run(
+        self, *script: Outcome, use: Use | None = None, headers: dict[str, str] | None = None, **options: Any
+    ) -> tuple[str, int]:
         """The loop over one request, its attempts meeting ``script``; ``options`` go to ``RetryLoop.run``."""
         self.script = list(script)
-        return await self.loop.run("regular", request(), send=self.send, use=use or self.use, **options)
+        req = request(headers)
+        return await self.loop.run("regular", req, send=self.send, use=use or self.use, **options)
 
 
-def request() -> ProxyRequest:
+def request(headers: dict[str, str] | None = None) -> ProxyRequest:
     return ProxyRequest(
+        headers=headers or {},
         endpoint=ENDPOINT,
         requested_model="m",
         stream=False,
@@ -234,3 +256,56 @@ async def test_a_first_attempt_opened_by_the_caller_is_used_then_excluded(env: E
     await fleet.run(503, 200, first=first)
     assert fleet.sent_to()[0] == first.worker.url and fleet.sent_to()[1] != first.worker.url
     assert all(w.inflight == 0 for w in fleet.workers)  # every attempt's guard closed
+
+
+async def test_a_timeout_once_the_request_was_written_is_a_504_not_a_second_run(env: Env) -> None:
+    fleet = Fleet(env, 3, max_retries=2)
+    with pytest.raises(UpstreamTimeout, match=r"in time after 1 attempt\(s\)"):
+        await fleet.run(TimeoutError(), 200)
+    assert len(fleet.sent_to()) == 1 and fleet.retries() == 0  # the worker may still be running it
+    assert fleet.script == [200]
+
+
+async def test_a_timeout_is_retried_when_the_client_sends_an_idempotency_key(env: Env) -> None:
+    fleet = Fleet(env, 3, max_retries=2)
+    url, status = await fleet.run(TimeoutError(), 200, headers={"idempotency-key": "k-1"})
+    first, second = fleet.sent_to()
+    assert (url, status) == (second, 200) and first != second and fleet.retries() == 1
+
+
+async def test_the_retry_budget_bounds_the_attempts_of_a_fleet_answering_429(env: Env) -> None:
+    fleet = Fleet(env, 2, max_retries=2, budget_min=3)
+    statuses = [(await fleet.run(429, 429))[1] for _ in range(100)]  # a retry's 429 is passed on: no worker left
+    assert statuses == [429] * 100
+    sends = len(fleet.sent_to())
+    assert sends <= 120, sends  # 20% of 100 requests
+    assert sends >= 115, sends  # the budget is used, not merely refused
+    assert fleet.retries() == sends - 100
+    assert fleet.refused_by_budget() == 100 - fleet.retries()
+
+
+async def test_the_retry_budget_refuses_a_connect_errors_retry_with_the_error_so_far(env: Env) -> None:
+    fleet = Fleet(env, 3, max_retries=2, budget_ratio=0.0, budget_min=1)
+    await fleet.run(refused(), 200)  # the minimum's one retry
+    with pytest.raises(UpstreamError, match=r"after 1 attempt\(s\): connection refused"):
+        await fleet.run(refused(), 200)
+    assert fleet.retries() == 1 and fleet.refused_by_budget() == 1
+
+
+def test_the_retry_budget_forgets_the_requests_and_retries_of_more_than_ten_seconds_ago() -> None:
+    now = [1000.0]
+    budget = RetryBudget(ratio=0.5, minimum=1, clock=lambda: now[0])
+    for _ in range(4):
+        budget.request()
+    assert [budget.take() for _ in range(3)] == [True, True, False]  # half of four
+    now[0] += 5
+    budget.request()
+    budget.request()
+    assert budget.take() and not budget.take()  # half of six: one more
+    now[0] += 6  # the first four requests and their two retries aged out; two requests and one retry are left
+    assert not budget.take()  # the minimum (one) and half of two are used
+    budget.request()
+    budget.request()
+    assert budget.take() and not budget.take()
+    now[0] += 60  # everything aged out: the minimum again
+    assert budget.take() and not budget.take()

@@ -1,11 +1,13 @@
-"""Routing headers (``request.apply_routing_headers``), model aliases (``Proxy``) and the response id map."""
+"""Routing headers (``request.apply_routing_headers``), model aliases (``Proxy``) and the response id tags."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 from smg_router.errors import BadRequest
+from smg_router.metrics import Metrics
 from smg_router.proxy import Proxy
+from smg_router.relay import Relay, _Retag
 from smg_router.request import (
     MAX_ROUTING_TOKENS,
     ROUTING_TOKENS_HEADER,
@@ -13,7 +15,7 @@ from smg_router.request import (
     parse_request,
     routing_tokens_text,
 )
-from smg_router.response_ids import ResponseIds, id_of_body, id_of_events
+from smg_router.response_ids import MARKER, TOKEN_HEX, ResponseIdTags, id_of_body, id_of_events
 from smg_router.settings import RetrySettings, RoutingSettings, parse_settings
 from smg_router.tree.blocks import namespace_of
 from smg_router.upstream import Timeouts, Upstream
@@ -132,13 +134,18 @@ def test_alias_chains_resolve_and_the_env_form_is_comma_separated(monkeypatch: p
     assert parse_settings(["--routing-key-header", "X-Session"]).routing.key_header == "x-session"
 
 
-def test_the_response_map_is_a_bounded_lru() -> None:
-    ids = ResponseIds(max_size=2)
-    ids.remember("r1", "w1")
-    ids.remember("r2", "w2")
-    assert ids.worker_of("r1") == "w1"  # r1 is now the most recent
-    ids.remember("r3", "w3")
-    assert (ids.worker_of("r2"), ids.worker_of("r1"), len(ids)) == (None, "w1", 2)
+def test_a_tagged_response_id_gives_back_the_engines_id_and_the_workers_token() -> None:
+    tags = ResponseIdTags()
+    a, b = "http://10.0.0.5:8000", "http://10.0.0.6:8000"
+    tagged = tags.tag("resp_abc_smg", a)  # an engine id that holds the marker itself
+    assert tagged.startswith("resp_abc_smg" + MARKER) and "10.0.0.5" not in tagged
+    assert tags.untag(tagged) == ("resp_abc_smg", tags.token(a))
+    assert tags.token(a) != tags.token(b) and len(tags.token(a)) == TOKEN_HEX
+    assert ResponseIdTags().token(a) == tags.token(a)  # every replica reads every tag
+    assert ResponseIdTags(b"another key").token(a) != tags.token(a)
+    for untagged in ("resp_abc", "resp_abc" + MARKER, "resp" + MARKER + "0123", MARKER + "0" * TOKEN_HEX):
+        assert tags.untag(untagged) == (untagged, None)
+    assert tags.untag(tagged.upper())[1] is None  # a token is lower-case hex, exactly
 
 
 def test_response_ids_are_read_from_the_body_and_the_first_events() -> None:
@@ -147,3 +154,30 @@ def test_response_ids_are_read_from_the_body_and_the_first_events() -> None:
     events = b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2"}}\n\n'
     assert id_of_events(events) == "resp_2"
     assert id_of_events(events[:-30]) is None  # the data line is not complete yet
+
+
+def test_a_responses_stream_split_anywhere_reaches_the_client_with_every_id_tagged() -> None:
+    """The relay's rewriting of a stream (``relay._Retag``), its pieces cut at every byte: the client's bytes are
+    the worker's with the ids replaced, whatever the cuts."""
+    tags = ResponseIdTags()
+    worker = make_worker(5)
+    relay = Relay(metrics=Metrics(), response_ids=tags)
+    req = parse_request("chat", _chat(), {})
+    req.endpoint = "/v1/responses"
+    req.body["previous_response_id"] = "resp_prev"  # as forwarded
+    req.previous_response_id = "resp_prev" + MARKER + "0" * TOKEN_HEX  # as the client sent it
+    worker_bytes = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_new",'
+        b'"previous_response_id":"resp_prev"}}\n\n'
+        b'event: response.output_text.delta\ndata: {"delta":"resp_new is not quoted here"}\n\n'
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_new"}}\n\n'
+    )
+    expected = worker_bytes.replace(b'"resp_new"', b'"' + tags.tag("resp_new", worker.url).encode() + b'"').replace(
+        b'"resp_prev"', b'"' + req.previous_response_id.encode() + b'"'
+    )
+    for cut in range(1, len(worker_bytes)):
+        for last_marked in (True, False):
+            retag = _Retag(relay, req, worker)
+            out = retag.feed(worker_bytes[:cut], False) + retag.feed(worker_bytes[cut:], last_marked)
+            out += retag.flush()
+            assert out == expected, cut
