@@ -422,6 +422,12 @@ class Metrics:
         )
         self.pd_requests = CounterFamily("smg_pd_requests", "Prefill/decode dual dispatches", ("status",), registry=r)
         self.retries = CounterFamily("smg_retries", "Attempts retried on another worker", ("endpoint",), registry=r)
+        self.upstream_refused = CounterFamily(
+            "smg_upstream_responses_refused",
+            "Worker answers the router refused: a head or a body read whole past its limit",
+            ("reason",),
+            registry=r,
+        )
         self.requests_rejected = CounterFamily(
             "smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r
         )

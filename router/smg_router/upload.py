@@ -16,17 +16,24 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from smg_router import wire
-from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge, RequestTimeout, shed
 
 
 class BodyStream(Protocol):
     """The client's body as it arrives (``wire.Request.content``)."""
 
-    async def readany(self) -> bytes: ...
+    async def readany(self, at_least: int = 1) -> bytes: ...
+
+    def hold(self, size: int) -> None:
+        """Count ``size`` bytes taken and kept (the head) in the router's body budget until the request ends."""
+        ...
 
 
 HEAD_LIMIT = 64 * 1024
 """The form fields before the file part must fit in this many bytes."""
+HEAD_BATCH = 4096
+"""While the head is read, bytes that wake its reader (fewer when the head limit is nearer): a head sent in tiny
+pieces costs a wake-up per batch, and the head's end is seen at most this many bytes late."""
 _NAME = re.compile(r'(?<![\w*])name="([^"]*)"', re.IGNORECASE)
 _FILENAME = re.compile(r"\bfilename\*?=", re.IGNORECASE)
 _BOUNDARY = re.compile(r'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
@@ -121,9 +128,10 @@ class StreamedUpload:
         self._sent = 0
         self.head = b""
         self.fields: dict[str, str] = {}
-        self.failure: PayloadTooLarge | RequestTimeout | None = None
-        """Set when the client's side failed (the body passed ``limit``: 413; it stopped arriving: 408): the
-        worker's side then failed because of us, and this is the answer."""
+        self.failure: PayloadTooLarge | RequestTimeout | Overloaded | None = None
+        """Set when the client's side failed (the body passed ``limit``: 413; it stopped arriving or came too
+        slowly: 408; it was shed over the router's body budget: 503): the worker's side then failed because of us,
+        and this is the answer."""
 
     @property
     def replayable(self) -> bool:
@@ -135,9 +143,10 @@ class StreamedUpload:
         scanner = HeadScanner(boundary)
         done = False
         while not done:
-            chunk = await self._read()
+            chunk = await self._read(min(HEAD_BATCH, HEAD_LIMIT + 1 - len(scanner.buf)))
             if not chunk:
                 break
+            self._content.hold(len(chunk))  # kept for a retry: counted until the request ends
             done = scanner.feed(chunk)
             if not done and len(scanner.buf) > HEAD_LIMIT:
                 raise BadRequest(
@@ -162,9 +171,13 @@ class StreamedUpload:
                 raise self.failure
             yield chunk
 
-    async def _read(self) -> bytes:
+    async def _read(self, at_least: int = wire.READ_BATCH) -> bytes:
+        """What arrived once ``at_least`` bytes did (or the body ended): a wake-up a batch, not a piece."""
         try:
-            return await self._content.readany()
+            return await self._content.readany(at_least)
         except wire.BodyTimeout as e:
             self.failure = RequestTimeout.of_body(e)
+            raise self.failure from None
+        except wire.BodyOverBudget as e:
+            self.failure = shed(e)
             raise self.failure from None

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 
-from smg_router.upstream.base import Timeouts, UpstreamResponse
+from smg_router.upstream.base import ResponseLimits, Timeouts, UpstreamResponse
 from smg_router.upstream.lean import LeanUpstream
 from smg_router.upstream.session import SessionUpstream
 
 
 class Upstream:
-    """Both transports under the same ``Timeouts``; each raises ``TimeoutError`` past any of them."""
+    """Both transports under the same ``Timeouts`` and ``ResponseLimits``: ``TimeoutError`` past any of the first;
+    ``UpstreamConnectError`` for a head past the second, ``ResponseTooLarge`` for a body read whole past it."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
-        self._lean = LeanUpstream(timeouts)
-        self._tls = SessionUpstream(timeouts)
+    def __init__(self, timeouts: Timeouts, limits: ResponseLimits | None = None) -> None:
+        self._lean = LeanUpstream(timeouts, limits)
+        self._tls = SessionUpstream(timeouts, limits)
 
     async def start(self) -> None:
         await self._lean.start()
