@@ -205,12 +205,20 @@ class Parent:
 
 
 def _server(core: RouterCore, dispatcher: Dispatcher) -> Server:
+    s = core.settings.server
     return Server(
         dispatcher,
         make_request=Request,
-        max_body=core.settings.server.max_payload_size,
-        body_timeout=core.settings.server.body_timeout,
+        max_body=s.max_payload_size,
+        body_timeout=s.body_timeout,
         closing=lambda: core.shutting_down,
+        budget=core.budget,
+        max_buffer=s.max_connection_buffer,
+        head_timeout=s.head_timeout,
+        body_min_rate=s.body_min_rate,
+        max_connections=s.max_connections,
+        max_connections_per_client=s.max_connections_per_client,
+        rejected=core.admission.rejected,
     )
 
 

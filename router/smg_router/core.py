@@ -28,7 +28,7 @@ from smg_router.proxy import Proxy
 from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
 from smg_router.tree import share_budget
-from smg_router.upstream import Timeouts, Upstream
+from smg_router.upstream import ResponseLimits, Timeouts, Upstream
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import WorkerSpec, WorkerStatus, normalize_url
@@ -86,12 +86,19 @@ class RouterCore:
                 first_byte=settings.server.first_byte_timeout,
                 stream_idle=settings.server.stream_idle_timeout,
             ),
+            ResponseLimits(
+                head=settings.server.max_response_header_size,
+                body=settings.server.max_response_size,
+                refused=lambda reason: self.metrics.upstream_refused.labels(reason).inc(),
+            ),
             on_resend=self._count_resend,
         )
         server = settings.server
+        self.budget = wire.Budget(server.max_inflight_bytes)
+        """Request body bytes the server holds, counted as they arrive (``--max-inflight-bytes``)."""
         self.admission = Admission(
             max_requests=server.max_concurrent_requests,
-            max_bytes=server.max_inflight_bytes,
+            budget=self.budget,
             max_body=server.max_payload_size,
             metrics=self.metrics,
         )

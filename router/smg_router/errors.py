@@ -41,6 +41,11 @@ class Overloaded(RouterError):
         return response
 
 
+def shed(e: wire.BodyOverBudget) -> Overloaded:
+    """The 503 of a body shed as it arrived, over the router's body budget."""
+    return Overloaded(f"{e}; retry shortly", code="overloaded", retry_after=1)
+
+
 class BadRequest(RouterError):
     status, type = 400, "invalid_request_error"
 
@@ -71,9 +76,15 @@ class RequestTimeout(RouterError):
 
     status, type = 408, "invalid_request_error"
 
+    reason = "body_timeout"
+    """How ``smg_requests_rejected_total`` counts it: ``body_timeout`` (a gap), ``body_too_slow`` (the minimum rate)."""
+
     @classmethod
     def of_body(cls, e: wire.BodyTimeout) -> RequestTimeout:
-        return cls(str(e), code="request_body_timeout")
+        slow = e.reason == "body_too_slow"
+        error = cls(str(e), code="request_body_too_slow" if slow else "request_body_timeout")
+        error.reason = e.reason
+        return error
 
 
 class NotSupported(RouterError):

@@ -12,12 +12,12 @@ from typing import Any
 
 from smg_router import wire
 from smg_router.core import Handler, Request, RouterCore
-from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from smg_router.errors import BadRequest, Overloaded, PayloadTooLarge, RequestTimeout
 from smg_router.http_io import check_bearer, json_response
 from smg_router.metrics import CONTENT_TYPE
 from smg_router.openapi import DOCUMENT_PATH, openapi_json
 from smg_router.request import ENDPOINT_TABLE, Endpoint, parse_endpoint, upload_request
-from smg_router.upload import HEAD_LIMIT, StreamedUpload, boundary_of
+from smg_router.upload import StreamedUpload, boundary_of
 
 
 def _forwarded(endpoint: Endpoint) -> Handler:
@@ -33,7 +33,7 @@ def _forwarded(endpoint: Endpoint) -> Handler:
             req = parse_endpoint(endpoint, raw, request.headers, core.forward_headers)
             return await core.proxy.handle(request, req)
         finally:
-            core.admission.leave(len(raw))
+            core.admission.leave()
 
     handler.__name__ = f"{endpoint.path.strip('/').replace('/', '_')}_handler"
     return handler
@@ -42,7 +42,7 @@ def _forwarded(endpoint: Endpoint) -> Handler:
 async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> wire.Response:
     """A multipart upload: its head read for the model, the rest streamed to the worker (``upload``)."""
     boundary = boundary_of(request.headers.get("content-type", ""))
-    held = core.admission.enter_streaming(request, HEAD_LIMIT)
+    core.admission.enter_streaming(request)
     try:
         upload = StreamedUpload(request.content, limit=core.settings.server.max_payload_size)
         await upload.read_head(boundary)
@@ -57,11 +57,11 @@ async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> w
                     code=e.code,
                 ) from None
         return await core.proxy.handle(request, req)
-    except (PayloadTooLarge, RequestTimeout) as e:
+    except (PayloadTooLarge, RequestTimeout, Overloaded) as e:  # the upload's body refused as it was read
         core.admission.refused(e)
         raise
     finally:
-        core.admission.leave(held)
+        core.admission.leave()
 
 
 async def models(request: Request) -> wire.Response:

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from smg_router import wire
-from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
+from smg_router.errors import BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized, shed
 
 
 def check_bearer(request: wire.Request, key: str | None, *, what: str, key_header: str | None = None) -> None:
@@ -27,7 +27,8 @@ def check_bearer(request: wire.Request, key: str | None, *, what: str, key_heade
 
 async def read_body(request: wire.Request, limit: int) -> bytes:
     """The whole body, or 413 when it is (or announces itself) larger than ``limit`` bytes, 408 when it stops
-    arriving (``--body-timeout``)."""
+    arriving (``--body-timeout``) or arrives too slowly (``--body-min-rate``), 503 when it was shed because the
+    router holds too many body bytes (``--max-inflight-bytes``)."""
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes",
@@ -39,6 +40,8 @@ async def read_body(request: wire.Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes", code="payload_too_large") from None
     except wire.BodyTimeout as e:
         raise RequestTimeout.of_body(e) from None
+    except wire.BodyOverBudget as e:
+        raise shed(e) from None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

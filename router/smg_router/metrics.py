@@ -435,6 +435,12 @@ class Metrics:
             ("model", "role"),
             registry=r,
         )
+        self.upstream_refused = CounterFamily(
+            "smg_upstream_responses_refused",
+            "Worker answers the router refused: a head or a body read whole past its limit",
+            ("reason",),
+            registry=r,
+        )
         self.requests_rejected = CounterFamily(
             "smg_requests_rejected", "Requests refused before routing (admission)", ("reason",), registry=r
         )

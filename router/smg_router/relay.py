@@ -26,7 +26,7 @@ from smg_router.errors import UpstreamError, UpstreamTimeout
 from smg_router.metrics import Metrics
 from smg_router.request import ProxyRequest
 from smg_router.response_ids import SCAN_LIMIT, ResponseIdTags, id_of_body, id_of_events, quoted
-from smg_router.upstream.base import UpstreamResponse
+from smg_router.upstream.base import ResponseTooLarge, UpstreamResponse
 from smg_router.workers.worker import Worker
 
 DROP_RESPONSE_HEADERS = frozenset(
@@ -96,6 +96,9 @@ class Relay:
             except TimeoutError:
                 guard.failed()
                 raise UpstreamTimeout(f"worker {guard.worker.id} did not finish in time") from None
+            except ResponseTooLarge as e:
+                guard.failed()
+                raise UpstreamError(f"worker {guard.worker.id}: {e}", code="upstream_response_too_large") from None
             except OSError as e:
                 guard.failed()
                 raise UpstreamError(

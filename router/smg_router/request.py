@@ -2,9 +2,11 @@
 
 Admission comes before the body is read: the body must fit ``--max-payload-size`` (413), and the router
 must have room, both in requests (``--max-concurrent-requests``) and in body bytes held at once
-(``--max-inflight-bytes``; a body of unknown length reserves the payload limit until it is read).  Over
-either, a 503 with ``Retry-After`` (``smg_requests_rejected_total{reason}``): memory stays bounded whatever
-clients send.  The same count is what a graceful shutdown waits for (``Admission.wait_idle``).
+(``--max-inflight-bytes``).  Body bytes count as they arrive, never as a client declares them
+(``wire.Budget``, kept by the server): a body whose bytes take the router past the limit is shed as they
+arrive.  Over either, a 503 with ``Retry-After`` (``smg_requests_rejected_total{reason}``): memory stays
+bounded whatever clients send, and clients that send slowly hold only what they sent.  The same count is
+what a graceful shutdown waits for (``Admission.wait_idle``).
 
 Parsing reads the model, whether it streams, and the routing text: the whole prompt as the engine will
 see it (every chat message in order with its role, not only the first; the completion prompt;
@@ -445,77 +447,75 @@ def apply_routing_headers(req: ProxyRequest, headers: Mapping[str, str], key_hea
 
 
 class Admission:
-    """Admits generation requests before their body is read, and counts them until their answer is over."""
+    """Admits generation requests before their body is read, and counts them until their answer is over.  Their
+    body bytes are counted by the server as they arrive, in ``budget`` (``wire.Budget``), which admission reads."""
 
-    __slots__ = ("_bytes", "_count", "_idle", "_metrics", "max_body", "max_bytes", "max_requests")
+    __slots__ = ("_count", "_idle", "_metrics", "budget", "max_body", "max_requests")
 
-    def __init__(self, *, max_requests: int, max_bytes: int, max_body: int, metrics: Metrics) -> None:
+    def __init__(self, *, max_requests: int, budget: wire.Budget, max_body: int, metrics: Metrics) -> None:
         self.max_requests = max_requests
-        self.max_bytes = max_bytes
+        self.budget = budget
         self.max_body = max_body
         self._metrics = metrics
         self._count = 0
-        self._bytes = 0
         self._idle: asyncio.Event | None = None  # made on first use, inside the running loop
 
     def __len__(self) -> int:
         return self._count
 
     async def enter(self, request: wire.Request) -> bytes:
-        """Admit the request and read its body; ``leave(len(body))`` when its answer is over."""
-        size = request.content_length
-        reserved = self._admit(size, self.max_body if size is None else size)
+        """Admit the request and read its body; ``leave()`` when its answer is over."""
+        self._admit(request.content_length)
         try:
-            body = await read_body(request, self.max_body)
-        except (PayloadTooLarge, RequestTimeout) as e:
-            self.leave(reserved)
+            return await read_body(request, self.max_body)
+        except (PayloadTooLarge, RequestTimeout, Overloaded) as e:
+            self.leave()
             self.refused(e)
             raise
         except BaseException:
-            self.leave(reserved)
+            self.leave()
             raise
-        self._bytes += len(body) - reserved  # hold what was read, not the reservation
-        return body
 
-    def enter_streaming(self, request: wire.Request, held: int) -> int:
-        """Admit a body streamed through, of which at most ``held`` bytes are in memory at once; returns what
-        to ``leave`` with.  Its whole length still has to fit ``--max-payload-size``."""
-        size = request.content_length
-        return self._admit(size, held if size is None else min(size, held))
+    def enter_streaming(self, request: wire.Request) -> None:
+        """Admit a body streamed through (what it keeps, its head, and what waits to be passed on count as they
+        arrive); ``leave()`` when its answer is over.  Its whole length still has to fit ``--max-payload-size``."""
+        self._admit(request.content_length)
 
-    def _admit(self, size: int | None, reserved: int) -> int:
+    def _admit(self, size: int | None) -> None:
         if size is not None and size > self.max_body:
-            self._reject("payload_too_large")
+            self.rejected("payload_too_large")
             raise PayloadTooLarge(
                 f"request body of {size} bytes exceeds the limit of {self.max_body} bytes", code="payload_too_large"
             )
-        if self._count >= self.max_requests or self._bytes + reserved > self.max_bytes:
+        if self._count >= self.max_requests or self.budget.full():
             reason = "concurrency" if self._count >= self.max_requests else "inflight_bytes"
-            self._reject(reason)
+            self.rejected(reason)
             raise Overloaded(
-                f"the router is at its limit ({self._count} requests, {self._bytes} body bytes in "
+                f"the router is at its limit ({self._count} requests, {self.budget.held} body bytes in "
                 "flight); retry shortly",
                 code="overloaded",
                 retry_after=RETRY_AFTER_S,
             )
         self._count += 1
-        self._bytes += reserved
         if self._idle is not None:
             self._idle.clear()
-        return reserved
 
-    def leave(self, held: int) -> None:
+    def leave(self) -> None:
         self._count -= 1
-        self._bytes -= held
         if self._count == 0 and self._idle is not None:
             self._idle.set()
 
-    def _reject(self, reason: str) -> None:
+    def rejected(self, reason: str) -> None:
+        """Count a refusal (``smg_requests_rejected_total{reason}``)."""
         self._metrics.requests_rejected.labels(reason).inc()
 
-    def refused(self, e: PayloadTooLarge | RequestTimeout) -> None:
-        """Count a body refused while it was read: too large (413) or stalled (408)."""
-        self._reject("payload_too_large" if isinstance(e, PayloadTooLarge) else "body_timeout")
+    def refused(self, e: PayloadTooLarge | RequestTimeout | Overloaded) -> None:
+        """Count a body refused while it was read: too large (413), stalled or too slow (408), shed over the body
+        budget as it arrived (503)."""
+        if isinstance(e, PayloadTooLarge):
+            self.rejected("payload_too_large")
+        else:
+            self.rejected(e.reason if isinstance(e, RequestTimeout) else "inflight_bytes")
 
     async def wait_idle(self, seconds: float) -> bool:
         """Whether every admitted request finished within ``seconds``."""

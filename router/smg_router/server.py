@@ -9,8 +9,15 @@ production server must do is kept:
   connections closed after ``keepalive_timeout``;
 - a handler starts once the head is parsed (``Expect: 100-continue`` gets its go-ahead before the body); a
   client that goes away cancels its handler (the upstream request is then aborted);
-- backpressure both ways: reading pauses while a body waits for its handler, a stream waits while the client
-  is slow; a body that stops arriving for ``body_timeout`` fails its read (``wire.BodyTimeout``: a 408);
+- backpressure both ways: reading pauses while a connection holds more than ``max_buffer`` body bytes no handler
+  took (pipelined requests' included), a stream waits while the client is slow;
+- bounds on slow clients: a head must be whole ``head_timeout`` seconds after the connection opened or its first
+  byte came (a 408), a body that stops arriving for ``body_timeout`` fails its read (``wire.BodyTimeout``: a 408),
+  and so does one that arrives slower than ``body_min_rate`` bytes a second once ``head_timeout`` has passed
+  (Apache's mod_reqtimeout rule: the deadline moves one second for every ``body_min_rate`` bytes);
+- body bytes count against the server's ``wire.Budget`` as they arrive (never as a client declares them);
+- at most ``max_connections`` connections, ``max_connections_per_client`` from one address: past them a new
+  connection gets a 503 and is closed;
 - a head that cannot be parsed or is too large is answered with a JSON error (400, 414, 431) and the connection
   closed; an answer sent before its request's body ended closes the connection after it, reading and dropping
   the rest for a moment first (a close with unread bytes resets the connection, and the client could lose the
@@ -32,7 +39,7 @@ import httptools
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from smg_router.wire import Request, Response
+from smg_router.wire import HIGH_WATER, UNLIMITED, BodyTimeout, Budget, Request, Response
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +48,13 @@ MAX_HEADER = 8190
 MAX_HEAD = 64 * 1024
 MAX_PIPELINED = 16
 """Requests parsed ahead of the one being answered, above which reading pauses."""
+MAX_CONNECTIONS = 4096
+MAX_CONNECTIONS_PER_CLIENT = 1024
+HEAD_TIMEOUT = 20.0
+BODY_MIN_RATE = 500
 LINGER_SECONDS = 2.0
+REFUSED_LINGER_SECONDS = 0.5
+"""How long a connection refused over the connection limits reads and drops what its client sends after the 503."""
 """How long a connection closed under an unread body reads and drops what the client still sends."""
 SWEEP_SECONDS = 5.0
 _VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
@@ -58,13 +71,23 @@ class _HeadRejected(Exception):
         self.code = code
 
 
-def _error_bytes(status: int, message: str, code: str) -> bytes:
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+
+
+def _error_bytes(status: int, message: str, code: str, *, retry_after: int | None = None) -> bytes:
     """A whole JSON error answer that closes the connection (the shape of ``errors.error_response``)."""
-    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
-    reason = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large"}.get(status, "Error")
+    kind = "service_unavailable" if status == 503 else "invalid_request_error"
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+    retry = f"Retry-After: {retry_after}\r\n" if retry_after is not None else ""
     head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n"
     )
     return head.encode() + body
 
@@ -108,12 +131,28 @@ class _Connection(asyncio.Protocol):
         self.write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.idle_since = self._loop.time()
+        self._paused_for = 0.0
+        self._paused_at = 0.0
+        self.head_since: float | None = self.clock()
+        """When the head being waited for began (the connection's start, or its first byte), on ``clock``; None
+        between requests."""
+        self.buffered = 0
+        """Body bytes on this connection no handler took yet, every request's (``wire.Request.feed``)."""
+        self.client: str | None = None
+        """The peer's address, counted against ``max_connections_per_client`` (None: a unix socket, not counted)."""
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sockname = transport.get_extra_info("sockname")
         self.local_port = sockname[1] if isinstance(sockname, tuple) else None
+        peer = transport.get_extra_info("peername")
+        refusal = self._server.admit(self, peer[0] if isinstance(peer, tuple) else None)
+        if refusal is not None:
+            self._lingering = True  # nothing it sends is parsed
+            self.write(_error_bytes(503, refusal, "too_many_connections", retry_after=1))
+            self._linger(REFUSED_LINGER_SECONDS)
+            return
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -132,7 +171,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._server.connections.discard(self)
+        self._server.gone(self)
+        for request in self._pending:
+            request.release()
         for waiter in self._drain_waiters:
             if not waiter.done():
                 waiter.set_exception(ConnectionResetError("the client closed the connection"))
@@ -157,6 +198,8 @@ class _Connection(asyncio.Protocol):
         self._url.clear()
         self._headers = []
         self._head_size = 0
+        if self.head_since is None:
+            self.head_since = self.clock()
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -189,7 +232,9 @@ class _Connection(asyncio.Protocol):
             keep_alive=parser.should_keep_alive(),
             max_body=self._server.max_body,
             body_timeout=self._server.body_timeout,
+            budget=self._server.budget,
         )
+        self.head_since = None
         self._parsing = request
         self._pending.append(request)
         if len(self._pending) > MAX_PIPELINED:
@@ -221,16 +266,67 @@ class _Connection(asyncio.Protocol):
             self._drain_waiters.append(waiter)
             await waiter
 
-    def pause_reading(self, why: str = "body") -> None:
-        if not self._read_pauses and self.transport is not None and not self.closed:
-            self.transport.pause_reading()
+    def buffer_grew(self, size: int) -> bool:
+        self.buffered += size
+        if self.buffered > self._server.max_buffer:
+            self.pause_reading("buffer")
+            return True
+        return False
+
+    def paused(self) -> bool:
+        return bool(self._read_pauses)
+
+    def buffer_shrank(self, size: int) -> None:
+        self.buffered -= size
+        if self.buffered <= self._server.max_buffer:
+            self.resume_reading("buffer")
+
+    def clock(self) -> float:
+        now = self._loop.time()
+        return now - self._paused_for - (now - self._paused_at if self._read_pauses else 0.0)
+
+    def pause_reading(self, why: str) -> None:
+        if not self._read_pauses:
+            self._paused_at = self._loop.time()
+            if self.transport is not None and not self.closed:
+                self.transport.pause_reading()
         self._read_pauses.add(why)
 
-    def resume_reading(self, why: str = "body") -> None:
+    def resume_reading(self, why: str) -> None:
         if why in self._read_pauses:
             self._read_pauses.discard(why)
-            if not self._read_pauses and self.transport is not None and not self.closed:
-                self.transport.resume_reading()
+            if not self._read_pauses:
+                self._paused_for += self._loop.time() - self._paused_at
+                if self.transport is not None and not self.closed:
+                    self.transport.resume_reading()
+
+    def check_deadlines(self) -> None:
+        """The sweep's look at a slow client: a head past ``head_timeout``, a body slower than ``body_min_rate``
+        (time the server itself did not read does not count)."""
+        server = self._server
+        if self._lingering or self.closed or self._read_pauses:
+            return
+        now = self.clock()
+        if self.head_since is not None and now - self.head_since > server.head_timeout:
+            server.rejected("head_timeout")
+            self._reject(
+                408,
+                f"the request head did not arrive within {server.head_timeout:g} s (--head-timeout)",
+                "request_head_timeout",
+            )
+            return
+        request = self._parsing
+        if request is None or not server.body_min_rate:
+            return
+        allowed = server.head_timeout + request.received / server.body_min_rate
+        if now - request.started > allowed:
+            request.fail(
+                BodyTimeout(
+                    f"the request body arrived slower than {server.body_min_rate} bytes/s after the first "
+                    f"{server.head_timeout:g} s ({request.received} bytes; --body-min-rate)",
+                    reason="body_too_slow",
+                )
+            )
 
     def closing(self) -> bool:
         return self._server.closing()
@@ -255,6 +351,7 @@ class _Connection(asyncio.Protocol):
                 try:
                     keep = await self._serve(request)
                 finally:
+                    request.release()
                     self._busy = False
                     self.idle_since = self._loop.time()
                 if not keep:
@@ -290,6 +387,8 @@ class _Connection(asyncio.Protocol):
 
     def _end(self, request: Request) -> None:
         """Close after an answer: at once when the request was read whole, else after a short linger."""
+        for pending in self._pending:
+            pending.release()
         self._pending.clear()
         if self.closed or self.transport is None:
             return
@@ -298,16 +397,16 @@ class _Connection(asyncio.Protocol):
             return
         self._linger()
 
-    def _linger(self) -> None:
+    def _linger(self, seconds: float = LINGER_SECONDS) -> None:
         transport = self.transport
         if transport is None or self.closed:
             return
         self._stop_parsing()
-        self.resume_reading("body")
-        self.resume_reading("pipelined")
+        for why in list(self._read_pauses):
+            self.resume_reading(why)
         if transport.can_write_eof():
             transport.write_eof()  # the client reads the answer and an end; what it still sends is dropped
-        self._loop.call_later(LINGER_SECONDS, transport.close)
+        self._loop.call_later(seconds, transport.close)
 
     def _stop_parsing(self) -> None:
         self._lingering = True
@@ -359,6 +458,13 @@ class Server:
         body_timeout: float = 60.0,
         closing: Callable[[], bool] = lambda: False,
         keepalive_timeout: float = 75.0,
+        budget: Budget | None = None,
+        max_buffer: int = HIGH_WATER,
+        head_timeout: float = HEAD_TIMEOUT,
+        body_min_rate: int = BODY_MIN_RATE,
+        max_connections: int = MAX_CONNECTIONS,
+        max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+        rejected: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.handler = handler
         self.make_request = make_request
@@ -366,7 +472,18 @@ class Server:
         self.body_timeout = body_timeout
         self.closing = closing
         self.keepalive_timeout = keepalive_timeout
+        self.budget = budget if budget is not None else Budget(UNLIMITED)
+        """Request body bytes held by the whole server (``--max-inflight-bytes``), shared with admission."""
+        self.max_buffer = max_buffer
+        self.head_timeout = head_timeout
+        self.body_min_rate = body_min_rate
+        """Bytes a second a body must average once ``head_timeout`` has passed (0: no minimum)."""
+        self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client
+        self.rejected = rejected
+        """Counts a refusal by reason (``too_many_connections``, ``head_timeout``)."""
         self.connections: set[_Connection] = set()
+        self._per_client: dict[str, int] = {}
         self._listeners: list[asyncio.Server] = []
         self._sweeper: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
@@ -391,13 +508,50 @@ class Server:
             self._sweeper = self.loop.create_task(self._sweep(), name="smg-http-keepalive")
         return listener
 
+    def admit(self, conn: _Connection, client: str | None) -> str | None:
+        """Count a new connection from ``client`` (None: a unix socket, never refused); why it is refused, or None."""
+        if client is None:
+            return None
+        count = self._per_client.get(client, 0)
+        if len(self.connections) >= self.max_connections:
+            why = f"the router serves {self.max_connections} connections at most (--max-connections); retry shortly"
+        elif count >= self.max_connections_per_client:
+            why = (
+                f"the router serves {self.max_connections_per_client} connections from one address at most "
+                "(--max-connections-per-client); reuse a connection or retry shortly"
+            )
+        else:
+            self._per_client[client] = count + 1
+            conn.client = client
+            return None
+        self.rejected("too_many_connections")
+        log.info("refused a connection from %s: %s", client, why)
+        return why
+
+    def gone(self, conn: _Connection) -> None:
+        """A connection closed: no longer counted."""
+        self.connections.discard(conn)
+        client = conn.client
+        if client is not None:
+            conn.client = None
+            left = self._per_client[client] - 1
+            if left:
+                self._per_client[client] = left
+            else:
+                del self._per_client[client]
+
     async def _sweep(self) -> None:
-        """Idle keep-alive connections close after ``keepalive_timeout`` (one timer for all, none per request)."""
+        """Idle keep-alive connections close after ``keepalive_timeout``, and slow heads and bodies are cut off
+        (``_Connection.check_deadlines``): one timer for all, none per request."""
+        period = min(SWEEP_SECONDS, self.keepalive_timeout, self.head_timeout / 4)
         while True:
-            await asyncio.sleep(min(SWEEP_SECONDS, self.keepalive_timeout))
-            cutoff = self.loop.time() - self.keepalive_timeout
-            for conn in [c for c in self.connections if c.idle_since < cutoff]:
-                conn.close_idle()
+            await asyncio.sleep(period)
+            now = self.loop.time()
+            cutoff = now - self.keepalive_timeout
+            for conn in list(self.connections):
+                if conn.idle_since < cutoff and conn.close_idle():
+                    continue
+                conn.check_deadlines()
 
     async def shutdown(self, grace: float) -> None:
         """Stop listening, close idle connections, give busy ones ``grace`` seconds, then cut them off."""

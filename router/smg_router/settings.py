@@ -137,12 +137,31 @@ class ServerSettings:
     max_concurrent_requests: int = 1024
     """Generation requests answered at once; over it, 503 with Retry-After."""
     max_inflight_bytes: int = 128 * 1024 * 1024
-    """Request body bytes held at once (a body of unknown length counts as max_payload_size until read);
-    over it, 503 with Retry-After.  Bodies cost about four times their size in memory while parsed."""
+    """Request body bytes held at once, counted as they arrive (never as declared), pipelined requests' included;
+    a body whose bytes pass it is shed with a 503 and Retry-After.  Bodies cost about four times their size in
+    memory while parsed."""
+    max_connection_buffer: int = 1024 * 1024
+    """Body bytes one connection may have waiting that no handler took yet (pipelined requests' included);
+    reading from the client pauses above it."""
     body_timeout: float = 60.0
     """Longest a request body may go without a byte arriving (nginx's ``client_body_timeout``); past it the
     answer is a 408 and the connection closes, so a client that stalls (or vanished without a FIN) gives its
     admission slot back."""
+    head_timeout: float = 20.0
+    """A request's head (request line and headers) must be whole this many seconds after the connection opened or
+    the head's first byte came (a 408 and the close past it); a body gets as long before its minimum rate counts."""
+    body_min_rate: int = 500
+    """Bytes a second a body must average once ``head_timeout`` has passed (Apache mod_reqtimeout's ``MinRate``:
+    the deadline moves a second for every this many bytes); a slower body is a 408.  0: no minimum."""
+    max_connections: int = 4096
+    """Client connections served at once; a new one past it gets a 503 and is closed."""
+    max_connections_per_client: int = 1024
+    """Client connections from one address served at once; a new one past it gets a 503 and is closed."""
+    max_response_header_size: int = 64 * 1024
+    """Largest head (status line and headers) of a worker's answer; a larger one is a 502."""
+    max_response_size: int = 64 * 1024 * 1024
+    """Largest body of a worker's answer that is not streamed (the router reads it whole); a larger one is a
+    502.  Streamed answers (SSE) pass through in pieces, unbounded."""
     request_timeout: float = 1800.0
     """Upper bound of one upstream request, streaming included."""
     first_byte_timeout: float = 300.0
@@ -552,6 +571,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         limits,
+        "--head-timeout",
+        s.head_timeout,
+        type=float,
+        help="seconds a request head (request line and headers) may take from the connection's start or its first "
+        "byte (a 408 past it); a body gets as long before --body-min-rate counts",
+        why="Apache mod_reqtimeout's header timeout; a client sends its head in one write",
+    )
+    add(
+        limits,
+        "--body-min-rate",
+        s.body_min_rate,
+        type=int,
+        help="bytes a second a request body must average once --head-timeout has passed (a 408 below; 0: no minimum)",
+        why="Apache mod_reqtimeout's MinRate: 8 MiB takes 4.7 hours at it, a trickle of bytes is cut off",
+    )
+    add(
+        limits,
+        "--max-connection-buffer",
+        s.max_connection_buffer,
+        type=int,
+        help="request body bytes one connection may have waiting for a handler, pipelined requests' included; "
+        "reading from the client pauses above it",
+        why="1 MiB: a read of a large body is a few wake-ups, and 1,000 connections hold a GiB at most",
+    )
+    add(
+        limits,
+        "--max-connections",
+        s.max_connections,
+        type=int,
+        help="client connections served at once (a new one past it gets a 503 and is closed)",
+        why="a fifth of a 20,000 file descriptor limit, with room for workers and peers",
+    )
+    add(
+        limits,
+        "--max-connections-per-client",
+        s.max_connections_per_client,
+        type=int,
+        help="client connections from one address served at once (a new one past it gets a 503 and is closed)",
+        why="a quarter of --max-connections: an ingress or gateway in front is one address for all its clients",
+    )
+    add(
+        limits,
+        "--max-response-header-size",
+        s.max_response_header_size,
+        type=int,
+        help="largest head (status line and headers) of a worker's answer in bytes (a 502 above)",
+        why="64 KiB: eight times the usual servers' 8 KiB header limit",
+    )
+    add(
+        limits,
+        "--max-response-size",
+        s.max_response_size,
+        type=int,
+        help="largest body in bytes of a worker's answer that is not streamed, which the router reads whole "
+        "(a 502 above)",
+        why="64 MiB: a batch of embeddings of a thousand 4096-dimensional inputs is about 40 MB of JSON",
+    )
+    add(
+        limits,
         "--request-timeout",
         s.request_timeout,
         type=float,
@@ -823,14 +901,21 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             "--max-payload-size and --max-concurrent-requests must be positive, and "
             "--max-inflight-bytes at least --max-payload-size"
         )
-    if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout, a.body_timeout) <= 0:
+    if min(a.request_timeout, a.first_byte_timeout, a.stream_idle_timeout, a.body_timeout, a.head_timeout) <= 0:
         parser.error(
-            "--request-timeout, --first-byte-timeout, --stream-idle-timeout and --body-timeout must be positive"
+            "--request-timeout, --first-byte-timeout, --stream-idle-timeout, --body-timeout and --head-timeout must "
+            "be positive"
         )
     if not a.retry_budget_ratio >= 0 or a.retry_budget_min < 0:  # NaN fails the first
         parser.error("--retry-budget-ratio and --retry-budget-min must not be negative")
     if not 0.0 < a.max_ejection_share <= 1.0:
         parser.error("--max-ejection-share must be above 0 and at most 1")
+    if a.body_min_rate < 0:
+        parser.error("--body-min-rate must be 0 (no minimum) or a positive number of bytes a second")
+    if min(a.max_connection_buffer, a.max_connections, a.max_connections_per_client) < 1:
+        parser.error("--max-connection-buffer, --max-connections and --max-connections-per-client must be positive")
+    if min(a.max_response_header_size, a.max_response_size) < 1:
+        parser.error("--max-response-header-size and --max-response-size must be positive")
     if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
         parser.error("--admin-port must be a port number other than --port (or 0)")
     if not 1 <= a.processes <= 256:
@@ -929,7 +1014,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             max_payload_size=a.max_payload_size,
             max_concurrent_requests=a.max_concurrent_requests,
             max_inflight_bytes=max(a.max_payload_size, a.max_inflight_bytes // share),
+            max_connection_buffer=a.max_connection_buffer,
             body_timeout=a.body_timeout,
+            head_timeout=a.head_timeout,
+            body_min_rate=a.body_min_rate,
+            max_connections=a.max_connections,
+            max_connections_per_client=a.max_connections_per_client,
+            max_response_header_size=a.max_response_header_size,
+            max_response_size=a.max_response_size,
             request_timeout=a.request_timeout,
             first_byte_timeout=a.first_byte_timeout,
             stream_idle_timeout=a.stream_idle_timeout,

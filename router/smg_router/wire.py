@@ -22,7 +22,8 @@ from urllib.parse import parse_qsl
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 
 HIGH_WATER = 1 << 20
-"""Request body bytes buffered, not yet taken by the handler, above which reading from the client pauses."""
+"""Request body bytes a connection buffers, not yet taken by a handler (pipelined requests' included), above which
+reading from the client pauses: the server's default (``--max-connection-buffer``)."""
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _NO_BODY = frozenset({204, 304})
@@ -47,12 +48,58 @@ class BodyTooLarge(Exception):
 
 
 class BodyTimeout(Exception):
-    """No byte of the request body arrived for ``body_timeout`` seconds (``http_io.read_body`` answers 408)."""
+    """The request body stopped arriving for ``body_timeout`` seconds, or arrives slower than the server's minimum
+    rate (``http_io.read_body`` answers 408); ``reason`` names which, as ``smg_requests_rejected_total`` counts it."""
+
+    def __init__(self, message: str, *, reason: str = "body_timeout") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-def _expire(waiter: asyncio.Future[None], seconds: float) -> None:
-    if not waiter.done():
+class BodyOverBudget(Exception):
+    """The body bytes the server holds passed its budget as this body arrived: the request was shed (a 503), its
+    bytes dropped (``Budget``)."""
+
+
+class Budget:
+    """Request body bytes the server holds, counted as they arrive and until the request's answer is over (a body
+    streamed through only while buffered), against one limit for the whole server (``--max-inflight-bytes``).
+
+    A body whose bytes take ``held`` past ``limit`` is shed as they arrive: its bytes are dropped and its reader gets
+    ``BodyOverBudget`` (the reader counts the refusal: a request answered otherwise before it reads is not one).
+    Memory stays bounded by what arrived, whatever a client declares.
+    """
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def full(self) -> bool:
+        return self.held >= self.limit
+
+
+UNLIMITED = 1 << 62
+
+
+READ_BATCH = 64 * 1024
+"""A reader waiting for a body is woken once this many bytes wait (or the body ends, or the connection's buffer is
+full), not for every read: a body sent in tiny pieces costs a wake-up per batch, not per piece."""
+
+
+def _expire(request: Request, waiter: asyncio.Future[None], received: int) -> None:
+    """The body timer: no byte since it was armed is a timeout; else it waits again (a gap is thus bounded by one to
+    two ``body_timeout``: bytes that arrive below ``READ_BATCH`` wake nobody, and a timer per read would cost more)."""
+    if waiter.done():
+        return
+    if request.received == received:
+        seconds = request.body_timeout
         waiter.set_exception(BodyTimeout(f"no byte of the request body arrived for {seconds:g} s (--body-timeout)"))
+    else:
+        request._timer = asyncio.get_running_loop().call_later(
+            request.body_timeout, _expire, request, waiter, request.received
+        )
 
 
 class Connection(Protocol):
@@ -67,9 +114,21 @@ class Connection(Protocol):
 
     async def drain(self) -> None: ...
 
-    def pause_reading(self) -> None: ...
+    def buffer_grew(self, size: int) -> bool:
+        """``size`` more body bytes wait on the connection; whether reading paused (past its limit)."""
+        ...
 
-    def resume_reading(self) -> None: ...
+    def buffer_shrank(self, size: int) -> None:
+        """``size`` body bytes were taken or dropped (reading resumes below its limit)."""
+        ...
+
+    def clock(self) -> float:
+        """Seconds, not counting the time reading was paused by the server itself (the body rate's clock)."""
+        ...
+
+    def paused(self) -> bool:
+        """Whether reading from the client is paused."""
+        ...
 
     def closing(self) -> bool: ...
 
@@ -79,12 +138,17 @@ class Request:
 
     __slots__ = (
         "_broken",
+        "_budget",
         "_buffered",
+        "_charged",
         "_chunks",
         "_conn",
+        "_failure",
         "_query",
         "_query_string",
+        "_timer",
         "_waiter",
+        "_want",
         "answered",
         "body_timeout",
         "complete",
@@ -94,6 +158,8 @@ class Request:
         "max_body",
         "method",
         "path",
+        "received",
+        "started",
         "too_large",
         "version",
     )
@@ -110,8 +176,10 @@ class Request:
         keep_alive: bool,
         max_body: int,
         body_timeout: float,
+        budget: Budget | None = None,
     ) -> None:
         self._conn = conn
+        self._budget = budget if budget is not None else Budget(UNLIMITED)
         self.method = method
         self.path = path
         self._query_string = query_string
@@ -127,6 +195,17 @@ class Request:
         self.content_length: int | None = int(length) if length is not None and length.isdigit() else None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
+        self._charged = 0
+        """Bytes of this body counted in the budget: all that arrived, less what ``readany`` passed on."""
+        self.received = 0
+        """Body bytes arrived so far."""
+        self.started = conn.clock()
+        """When the head was parsed, on the connection's clock (the body rate counts from it)."""
+        self._want = 1
+        """Bytes waiting that wake the reader (``READ_BATCH`` while it reads the whole body)."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._failure: BodyOverBudget | BodyTimeout | None = None
+        """Why the body will not be read (shed over the budget, too slow): its reader gets this."""
         self.complete = False
         """The whole body has arrived."""
         self._broken = False
@@ -159,13 +238,47 @@ class Request:
 
     # -- fed by the connection ---------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
-        if self.too_large:
+        if self.too_large or self._failure is not None:
             return  # refused already: the rest is dropped as it arrives
+        size = len(data)
+        self.received += size
+        budget = self._budget
+        budget.held += size
+        self._charged += size
+        if budget.held > budget.limit:
+            self._drop(
+                BodyOverBudget(f"the router holds {budget.limit} request body bytes at most (--max-inflight-bytes)")
+            )
+            return
         self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > HIGH_WATER:
-            self._conn.pause_reading()
-        self._wake()
+        self._buffered += size
+        if self._conn.buffer_grew(size) or self._buffered >= self._want:
+            self._wake()
+
+    def fail(self, failure: BodyTimeout) -> None:
+        """The body will not be read (it arrives too slowly): dropped, and its reader gets ``failure``."""
+        if not self.complete and self._failure is None:
+            self._drop(failure)
+
+    def _drop(self, failure: BodyOverBudget | BodyTimeout) -> None:
+        self._failure = failure
+        self._chunks.clear()
+        self._conn.buffer_shrank(self._buffered)
+        self._buffered = 0
+        self.release()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(failure)
+
+    def hold(self, size: int) -> None:
+        """The reader of a stream keeps ``size`` bytes it took (an upload's head, kept for a retry): counted in the
+        budget again until the request is over."""
+        self._budget.held += size
+        self._charged += size
+
+    def release(self) -> None:
+        """The answer is over (or the request dropped): its bytes leave the budget."""
+        self._budget.held -= self._charged
+        self._charged = 0
 
     def finish(self) -> None:
         self.complete = True
@@ -181,15 +294,19 @@ class Request:
             self._waiter.set_result(None)
 
     async def _wait(self) -> None:
+        if self._failure is not None:
+            raise self._failure
         if self._broken or self._conn.closed:
             raise ConnectionResetError("the client closed the connection before sending the whole body")
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self.body_timeout, _expire, waiter, self.body_timeout)
+        self._timer = loop.call_later(self.body_timeout, _expire, self, waiter, self.received)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._waiter = None
 
     def _ended(self) -> bool:
@@ -198,14 +315,15 @@ class Request:
     def _take(self) -> bytes:
         chunk = b"".join(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
         self._chunks.clear()
-        if self._buffered > HIGH_WATER:
-            self._conn.resume_reading()
+        self._conn.buffer_shrank(self._buffered)
         self._buffered = 0
         return chunk
 
     # -- read by the handler -----------------------------------------------------------------------
     async def read(self) -> bytes:
         """The whole body; ``BodyTooLarge`` past ``max_body`` bytes."""
+        if self._failure is not None:
+            raise self._failure
         if self.complete:  # the common case: the body came with the head
             body = self._take() if self._chunks else b""
             if len(body) > self.max_body:
@@ -214,6 +332,7 @@ class Request:
             return body
         parts: list[bytes] = []
         size = 0
+        self._want = READ_BATCH
         while True:
             if self._chunks:
                 chunk = self._take()
@@ -227,13 +346,27 @@ class Request:
             else:
                 await self._wait()
 
-    async def readany(self) -> bytes:
-        """The body bytes that arrived since the last call (waiting for some); ``b""`` at its end."""
+    async def readany(self, at_least: int = 1) -> bytes:
+        """The body bytes that arrived since the last call (waiting for ``at_least`` of them, or the body's end, or a
+        full connection buffer); ``b""`` at its end.  What it returns leaves the budget: the caller passes it on
+        (``hold`` what it keeps)."""
+        self._want = at_least
+        while self._buffered < at_least and not self.complete:
+            if self._failure is not None:
+                raise self._failure
+            if self._buffered and self._conn.paused():
+                break
+            await self._wait()
         while not self._chunks:
+            if self._failure is not None:
+                raise self._failure
             if self.complete:
                 return b""
             await self._wait()
-        return self._take()
+        chunk = self._take()
+        self._budget.held -= len(chunk)
+        self._charged -= len(chunk)
+        return chunk
 
     def send_continue(self) -> None:
         """``Expect: 100-continue``: the go-ahead for a body the client holds back until it gets one."""

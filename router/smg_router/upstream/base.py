@@ -11,6 +11,22 @@ class UpstreamConnectError(Exception):
     """The worker could not be reached or the connection failed before a response arrived."""
 
 
+class ResponseTooLarge(ConnectionError):
+    """A worker's answer passed one of the router's limits (``ResponseLimits``): a broken-off answer (a 502)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseLimits:
+    """What the router reads of a worker's answer at most, for both transports.  ``refused`` counts an answer past
+    them by reason (``head_too_large``, ``body_too_large``)."""
+
+    head: int = 64 * 1024
+    """Bytes of the status line and headers (``--max-response-header-size``)."""
+    body: int = 64 * 1024 * 1024
+    """Bytes of a body read whole (``read``; ``--max-response-size``); a body taken chunk by chunk is not bounded."""
+    refused: Callable[[str], None] = lambda reason: None
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """The bounds on one request to a worker, one value for ``Upstream`` and both its transports.
@@ -65,12 +81,27 @@ class BodyByChunks:
 
     __slots__ = ()
 
+    limits: ResponseLimits
+
     async def next_chunk(self) -> bytes:
         raise NotImplementedError
 
+    def abort(self) -> None:
+        raise NotImplementedError
+
     async def read(self) -> bytes:
+        """The whole body; ``ResponseTooLarge`` (the connection closed) past ``limits.body`` bytes."""
+        limit = self.limits.body
         parts = []
+        size = 0
         while chunk := await self.next_chunk():
+            size += len(chunk)
+            if size > limit:
+                self.abort()
+                self.limits.refused("body_too_large")
+                raise ResponseTooLarge(
+                    f"the worker's answer is larger than the router reads whole ({limit} bytes, --max-response-size)"
+                )
             parts.append(chunk)
         return b"".join(parts)
 

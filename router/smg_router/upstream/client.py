@@ -8,18 +8,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Callable, Mapping
 
-from smg_router.upstream.base import Timeouts, UpstreamResponse
+from smg_router.upstream.base import ResponseLimits, Timeouts, UpstreamResponse
 from smg_router.upstream.lean import LeanUpstream
 from smg_router.upstream.session import SessionUpstream
 
 
 class Upstream:
-    """Both transports under the same ``Timeouts``; each raises ``TimeoutError`` past any of them."""
+    """Both transports under the same ``Timeouts`` and ``ResponseLimits``: ``TimeoutError`` past any of the first;
+    ``UpstreamConnectError`` for a head past the second, ``ResponseTooLarge`` for a body read whole past it."""
 
-    def __init__(self, timeouts: Timeouts, *, on_resend: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        limits: ResponseLimits | None = None,
+        *,
+        on_resend: Callable[[str], None] | None = None,
+    ) -> None:
         """``on_resend``: told the URL of each request the lean client sent again on a fresh connection."""
-        self._lean = LeanUpstream(timeouts, on_resend=on_resend)
-        self._tls = SessionUpstream(timeouts)
+        self._lean = LeanUpstream(timeouts, limits, on_resend=on_resend)
+        self._tls = SessionUpstream(timeouts, limits)
 
     async def start(self) -> None:
         await self._lean.start()

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from smg_router.upstream.base import BodyByChunks, Timeouts, UpstreamConnectError
+from smg_router.upstream.base import BodyByChunks, ResponseLimits, ResponseTooLarge, Timeouts, UpstreamConnectError
 
 Sink = Callable[[bytes, bool], bool]
 """Takes a piece of a response body and whether the body ends with it; returns whether to go on (``pipe``)."""
@@ -50,9 +50,10 @@ class _Timeouts:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection to a worker, carrying one request at a time."""
 
-    def __init__(self, key: tuple[str, int], timeouts: _Timeouts) -> None:
+    def __init__(self, key: tuple[str, int], timeouts: _Timeouts, limits: ResponseLimits | None = None) -> None:
         self.key = key
         self._timeouts = timeouts
+        self._limits = limits or ResponseLimits()
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
@@ -72,6 +73,7 @@ class _Conn(asyncio.Protocol):
         self.headers_done: asyncio.Future[None] = self._loop.create_future()
         self.status = 0
         self.header_list: list[tuple[str, str]] = []
+        self.head_size = 0
         self.headers: dict[str, str] = {}
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
@@ -124,7 +126,9 @@ class _Conn(asyncio.Protocol):
         """Before the headers a connect error (retried elsewhere); after them an OSError, as a broken-off body."""
         if not self.complete:
             reason = e.__context__ if isinstance(e, httptools.HttpParserCallbackError) else e  # our callback's own
-            if self.headers_done.done():
+            if isinstance(reason, ResponseTooLarge):
+                self._fail(UpstreamConnectError(str(reason)))
+            elif self.headers_done.done():
                 self._fail(ConnectionError(f"malformed response body from worker: {reason}"))
             else:
                 self._fail(UpstreamConnectError(f"malformed response from worker: {reason}"))
@@ -161,6 +165,12 @@ class _Conn(asyncio.Protocol):
             raise ValueError("stray bytes after a complete response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > self._limits.head:
+            self._limits.refused("head_too_large")
+            raise ResponseTooLarge(
+                f"the worker's answer has more than {self._limits.head} bytes of headers (--max-response-header-size)"
+            )
         self.header_list.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
@@ -169,6 +179,7 @@ class _Conn(asyncio.Protocol):
             if status == 101:  # we never ask to switch protocols
                 raise ValueError("the worker switched protocols (101) although nobody asked it to")
             self.header_list.clear()  # 100 Continue, 103 Early Hints: informational, the final response follows
+            self.head_size = 0
             return
         self.status = status
         self.headers = {k.lower(): v for k, v in self.header_list}  # taken now: trailers come later
@@ -310,9 +321,10 @@ class _Conn(asyncio.Protocol):
 
 
 class LeanResponse(BodyByChunks):
-    __slots__ = ("_client", "_conn", "_done", "headers", "status")
+    __slots__ = ("_client", "_conn", "_done", "headers", "limits", "status")
 
     def __init__(self, client: LeanUpstream, conn: _Conn) -> None:
+        self.limits = client.limits
         self._client = client
         self._conn = conn
         self._done = False
@@ -391,11 +403,18 @@ class LeanResponse(BodyByChunks):
 class LeanUpstream:
     """The plain-http transport of ``client.Upstream``, bounded by ``Timeouts``."""
 
-    def __init__(self, timeouts: Timeouts, *, on_resend: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        limits: ResponseLimits | None = None,
+        *,
+        on_resend: Callable[[str], None] | None = None,
+    ) -> None:
         self._on_resend = on_resend
         """Told the URL of every request sent again on a fresh connection (``post``), to be counted."""
         self._connect_timeout = timeouts.connect
         self._timeouts = _Timeouts(timeouts)
+        self.limits = limits or ResponseLimits()
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
 
@@ -437,7 +456,7 @@ class LeanUpstream:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(key, self._timeouts), *key), self._connect_timeout
+                loop.create_connection(lambda: _Conn(key, self._timeouts, self.limits), *key), self._connect_timeout
             )
         except (OSError, TimeoutError) as e:
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {str(e) or type(e).__name__}") from None

@@ -13,13 +13,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
-from smg_router.upstream.base import BodyByChunks, Timeouts, UpstreamConnectError, UpstreamResponse
+from smg_router.upstream.base import BodyByChunks, ResponseLimits, Timeouts, UpstreamConnectError, UpstreamResponse
 
 
 class SessionResponse(BodyByChunks):
-    __slots__ = ("_idle", "_resp", "status")
+    __slots__ = ("_idle", "_resp", "limits", "status")
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle: float | None) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, idle: float | None, limits: ResponseLimits) -> None:
+        self.limits = limits
         self._resp = resp
         self._idle = idle
         self.status = resp.status
@@ -74,7 +75,8 @@ class SessionUpstream:
     """``Timeouts.first_byte`` bounds connect + request + response headers here (a streamed upload's: from the end of
     the upload, since a slow client is no slow worker); the others as in ``lean``."""
 
-    def __init__(self, timeouts: Timeouts) -> None:
+    def __init__(self, timeouts: Timeouts, limits: ResponseLimits | None = None) -> None:
+        self.limits = limits or ResponseLimits()
         self._timeout = aiohttp.ClientTimeout(total=timeouts.total, sock_connect=timeouts.connect)
         self._first_byte = timeouts.first_byte
         self._idle = timeouts.stream_idle
@@ -83,7 +85,12 @@ class SessionUpstream:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            max_line_size=self.limits.head,  # aiohttp bounds each line, not the whole head
+            max_field_size=self.limits.head,
         )
 
     async def close(self) -> None:
@@ -114,7 +121,7 @@ class SessionUpstream:
             ) from None
         except OSError as e:
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
-        return SessionResponse(resp, self._idle)
+        return SessionResponse(resp, self._idle, self.limits)
 
     async def _then_first_byte(self, body: AsyncIterable[bytes], first_byte: asyncio.Timeout) -> AsyncIterator[bytes]:
         """``body`` as it comes, then the first-byte bound armed: the worker has the whole request."""
