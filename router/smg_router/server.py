@@ -87,6 +87,7 @@ class _Connection(asyncio.Protocol):
         self._loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.local_port: int | None = None
+        self.remote: str | None = None
         self.closed = False
         self._parser = httptools.HttpRequestParser(self)
         self._url: list[bytes] = []
@@ -114,6 +115,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         sockname = transport.get_extra_info("sockname")
         self.local_port = sockname[1] if isinstance(sockname, tuple) else None
+        peername = transport.get_extra_info("peername")
+        self.remote = str(peername[0]) if isinstance(peername, tuple) and peername else None
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
