@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -165,6 +166,76 @@ def test_a_batch_naming_models_and_workers_the_fleet_lacks_makes_no_series(tmp_p
         assert "model-1" not in text
         series = [line for line in text.splitlines() if line.startswith("smg_cache_tree_bytes")]
         assert len(series) == len([line for line in before.splitlines() if line.startswith("smg_cache_tree_bytes")])
+    finally:
+        r.stop()
+        sim.stop()
+
+
+class Pinger:
+    """GET /liveness in a loop on one connection, from a thread: the longest round trip is the longest time the
+    router's event loop answered nothing."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._stop = threading.Event()
+        self.longest = 0.0
+        self.count = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Pinger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection(self._router.host, self._router.port, timeout=30)
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                conn.request("GET", "/liveness")
+                conn.getresponse().read()
+                self.longest = max(self.longest, time.perf_counter() - started)
+                self.count += 1
+        finally:
+            conn.close()
+
+
+def test_the_largest_peer_batch_stalls_the_router_no_more_than_a_slice_and_a_larger_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A batch of ``--peer-batch-bytes`` (1 MiB: ~7000 routes of 100 chars, each on the router's worker) is applied
+    in slices: a probe answered meanwhile never waits 20 ms.  A batch of 8 MiB is refused (413) before it is
+    parsed."""
+    sim = start_sim(tmp_path)
+    r = lone_peer_router(tmp_path, sim)
+    try:
+        records: list[list[object]] = []
+        size = 100
+        while size < 1024 * 1024 - 4096:
+            text = f"{uuid.uuid4()} " + "v" * 60
+            records.append(["regular", MODEL, sim.url, text, 0])
+            size += len(text) + len(MODEL) + len(sim.url) + 24
+        body = orjson.dumps({"from": "p", "records": records})
+        assert len(body) <= 1024 * 1024
+        with Pinger(r) as idle:
+            time.sleep(0.3)
+        with Pinger(r) as probe:
+            time.sleep(0.05)
+            started = time.perf_counter()
+            status, answer, _ = post_batch(r, body, source="127.0.0.1")
+            took = time.perf_counter() - started
+            time.sleep(0.05)
+        assert status == 200, answer[:200]
+        assert orjson.loads(answer)["applied"] == len(records)
+        assert probe.longest < 0.02, (probe.longest, idle.longest, took, probe.count)
+
+        big = orjson.dumps({"from": "p", "records": records * 9})
+        status, answer, _ = post_batch(r, big, source="127.0.0.1")
+        assert status == 413, answer[:200]
+        assert rejected(r, "too_large") == 1
     finally:
         r.stop()
         sim.stop()

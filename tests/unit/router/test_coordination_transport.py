@@ -148,3 +148,50 @@ async def test_a_peer_that_starts_listening_later_is_in_sync_within_a_first_cont
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runner.cleanup()
+
+
+def test_a_peer_queue_holds_its_bytes_at_most_and_drops_what_waited_too_long() -> None:
+    """A peer that never answers: its queue keeps ``queue_bytes`` of routes at most (the oldest dropped, counted
+    ``dropped``), and what waited longer than ``queue_seconds`` goes unsent (``expired``)."""
+    import time
+
+    metrics = Metrics()
+    sync = PeerSync(urls=[], dns=None, metrics=metrics, queue_bytes=100_000, queue_seconds=0.2)
+    peer = sync._peers["http://127.0.0.1:9"] = _Peer("http://127.0.0.1:9")
+    for _ in range(100):
+        sync.tell("regular", "m", W, "x" * 10_000, 0)
+    assert 0 < peer.queued <= 100_000 and len(peer.pending) == 9
+    sync.tell_prefill(W, "doc A", done=False)
+    assert metrics.peer_records_sent.labels(peer.url, "dropped").value == 91
+    time.sleep(0.25)
+    sync._expire(peer)
+    assert not peer.pending and not peer.prefills and peer.queued == 0
+    assert metrics.peer_records_sent.labels(peer.url, "expired").value == 10
+
+
+async def test_a_peer_that_leaves_takes_its_task_and_its_series_with_it() -> None:
+    import asyncio
+
+    metrics = Metrics()
+    sync = PeerSync(urls=[], dns=None, metrics=metrics)
+    peer = sync._peers["http://127.0.0.1:9"] = _Peer("http://127.0.0.1:9")
+    peer.task = asyncio.ensure_future(asyncio.sleep(60))
+    metrics.peer_records_sent.labels(peer.url, "sent").inc()
+    metrics.peer_records_sent.labels(peer.url, "expired").inc()
+    assert peer.url in metrics.exposition().decode()
+    await sync._drop(sync._peers.pop(peer.url))
+    assert peer.task.cancelled()
+    assert peer.url not in metrics.exposition().decode()
+
+
+def test_a_replica_is_not_in_sync_before_it_heard_from_each_peer() -> None:
+    """Acknowledged is not enough: a peer that has not sent a batch yet may not know of this replica."""
+    import time
+
+    sync = PeerSync(urls=[], dns=None, metrics=Metrics())
+    peer = sync._peers["http://127.0.0.3:9"] = _Peer("http://127.0.0.3:9", addresses=frozenset({"127.0.0.3"}))
+    peer.acked_at = time.monotonic()
+    assert not sync.in_sync()
+    assert not sync.knows("127.0.0.4") and sync.knows("127.0.0.3") and sync.knows("::ffff:127.0.0.3")
+    sync.heard("127.0.0.3")
+    assert sync.in_sync()
