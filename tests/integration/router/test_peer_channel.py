@@ -23,6 +23,7 @@ from support.procs import (
     next_host,
     start_router,
     start_sim,
+    wait_until,
 )
 
 SECRET = "peer-secret-for-tests"
@@ -35,6 +36,7 @@ def post_batch(
     source: str,
     secret: str | None = SECRET,
     headers: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> tuple[int, bytes, dict[str, str]]:
     """A batch POSTed from the loopback address ``source`` (signed with ``secret`` unless None)."""
     body = batch if isinstance(batch, bytes) else orjson.dumps(batch)
@@ -42,7 +44,7 @@ def post_batch(
     if secret is not None and headers is None:
         signed, _ = auth.sign_batch(secret.encode(), body)
         sent.update(signed)
-    conn = http.client.HTTPConnection(router.host, router.port, timeout=30, source_address=(source, 0))
+    conn = http.client.HTTPConnection(router.host, port or router.port, timeout=30, source_address=(source, 0))
     try:
         conn.request("POST", "/peers/routes", body=body, headers=sent)
         resp = conn.getresponse()
@@ -239,3 +241,35 @@ def test_the_largest_peer_batch_stalls_the_router_no_more_than_a_slice_and_a_lar
     finally:
         r.stop()
         sim.stop()
+
+
+def test_a_pod_of_several_processes_checks_a_batch_by_where_it_came_from_and_signs_its_merged_answer(
+    tmp_path: Path,
+) -> None:
+    """``--processes 2``: a batch reaches the parent on the admin port, or a child on the data port without one; either
+    way the processes that apply it check the address it came from (not their own socket's) and the signature, and
+    the pod's merged answer is signed for the batch's nonce."""
+    sim = start_sim(tmp_path)
+    dead, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
+    for extra in ([], ["--admin-port", str(admin)]):
+        pod = tmp_path / f"pod-{len(extra)}"
+        args = ["--peer", f"http://127.0.0.1:{dead}", "--peer-secret", SECRET, "--peers-ready-grace", "0"]
+        r = start_router(
+            tmp_path, workers=[sim.url], args=[*args, "--processes", "2", "--processes-dir", str(pod), *extra]
+        )
+        try:
+            wait_until(lambda r=r: "with 2 processes" in r.log(), what="the parent serving (both processes started)")
+            r.wait_routable(1)
+            port = admin if extra else r.port
+            body = orjson.dumps({"from": "p", "records": [["regular", MODEL, sim.url, "q" * 100, 0]]})
+            status, answer, _ = post_batch(r, body, source=next_host(), port=port)
+            assert status == 403 and b"not_a_peer" in answer, (extra, answer)
+            assert post_batch(r, body, source="127.0.0.1", secret="another", port=port)[0] == 401
+            signed, nonce = auth.sign_batch(SECRET.encode(), body)
+            status, answer, headers = post_batch(r, body, source="127.0.0.1", headers=signed, port=port)
+            assert status == 200, (extra, answer)
+            assert orjson.loads(answer)["applied"] == 2  # each process applied it
+            assert auth.answer_signed(SECRET.encode(), nonce, headers, answer)
+        finally:
+            r.stop()
+    sim.stop()
