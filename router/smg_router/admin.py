@@ -15,12 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from smg_router import wire
-from smg_router.coordination import messages
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
 from smg_router.http_io import json_response as _json
-from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url, worker_id_for
+from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
 
 ADMIN_BODY_LIMIT = 64 * 1024
 _NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
@@ -164,28 +163,11 @@ async def list_workers_compat(request: Request) -> wire.Response:
 
 # -- peer routers (``coordination``) ---------------------------------------------------------------
 async def peer_routes(request: Request) -> wire.Response:
-    """``POST /peers/routes``: what a peer router routed, inserted as if this router had, then the first prefills its
-    requests lead, for this router's holds (``coordination.messages`` checks the whole batch before any of it is
-    applied).  The answer names this router and the starts told that it leads itself (the peer's claim then
-    yields)."""
-    core = _authorize(request)
-    data = parse_json_object(await read_body(request, messages.BODY_LIMIT))
-    own = core.peers.id if core.peers is not None else None
-    batch = messages.decode_batch(data, own=own)
-    if batch is None:
-        return _json(messages.SELF)
-    applied = 0
-    for role, model, url, text, head in batch.records:
-        applied += core.policies.policy_for(role, model).observe(model, url, text, head)
-    told, leads = core.proxy.holds.receive(
-        batch.sender, batch.prefills, serves=lambda url: core.registry.get(worker_id_for(url)) is not None
-    )
-    applied += told
-    total = len(batch.records) + len(batch.prefills)
-    m = core.metrics.peer_records_received
-    m.labels("applied").inc(applied)
-    m.labels("ignored").inc(total - applied)
-    return _json(messages.encode_answer(applied=applied, ignored=total - applied, own=own or "", leads=leads))
+    """``POST /peers/routes``: a peer router's batch (``coordination.receiver``: from a peer's address only, signed with
+    ``--peer-secret`` when there is one; not the admin key), its routes inserted as if this router had routed them,
+    then the first prefills its requests lead.  The answer names this router and the starts told that it leads
+    itself (the peer's claim then yields)."""
+    return await _core(request).receiver.accept(request)
 
 
 MUTATIONS = frozenset(

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 
 from smg_router import admin, handlers
-from smg_router.coordination import messages
+from smg_router.coordination import auth, messages
 from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import NotFound, RouterError, error_response
 from smg_router.http_io import read_body
@@ -153,6 +153,8 @@ def _continue(request: Request) -> None:
     request.send_continue()
 
 
+FORWARDED = ("Authorization", "Content-Type", auth.TIME, auth.NONCE, auth.SIGNATURE)
+"""The request headers a process of the pod hands on with a call (the peer's source is set, never passed on)."""
 POD_SOCKET = "pod.sock"
 """The parent's private socket in ``--processes-dir`` (``pod``), which the children hand the pod's calls to."""
 
@@ -177,12 +179,16 @@ class Parent:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self._path), timeout=aiohttp.ClientTimeout(total=None)
             )
-        headers = {k: v for k in ("Authorization", "Content-Type") if (v := request.headers.get(k)) is not None}
+        headers = {k: v for k in FORWARDED if (v := request.headers.get(k)) is not None}
+        if request.remote is not None:  # a peer's batch is checked by where it came from (``coordination.receiver``)
+            headers[auth.SOURCE] = request.remote
         target = "http://pod" + quote(request.path) + (f"?{request.query_string}" if request.query_string else "")
         try:
             async with self._session.request(request.method, target, data=body, headers=headers) as answer:
                 raw = await answer.read()
-                kept = {k: v for k in ("Content-Type", "Allow") if (v := answer.headers.get(k)) is not None}
+                kept = {
+                    k: v for k in ("Content-Type", "Allow", auth.SIGNATURE) if (v := answer.headers.get(k)) is not None
+                }
                 return Response(status=answer.status, body=raw, headers=kept)
         except aiohttp.ClientError as e:
             raise RouterError(

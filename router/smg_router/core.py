@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from smg_router import wire
-from smg_router.coordination import NO_PEERS, Holds, Peers, PeerSync
+from smg_router.coordination import NO_PEERS, Holds, Peers, PeerSync, Receiver
 from smg_router.fleet.fleet import Fleet
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
@@ -53,10 +54,15 @@ class RouterCore:
             self.peers = PeerSync(
                 urls=p.urls,
                 dns=p.dns,
-                admin_key=settings.server.admin_api_key,
                 metrics=self.metrics,
-                max_body=settings.server.max_payload_size,
+                secret=p.secret,
+                queue_bytes=p.queue_bytes,
+                queue_seconds=p.queue_seconds,
+                batch_bytes=min(p.batch_bytes, settings.server.max_payload_size),
+                bind=source_address(settings.server.host),
             )
+            if p.secret is None:
+                log.warning("peers without --peer-secret: batches are taken from the peers' addresses unsigned")
         told: Peers = self.peers if self.peers is not None else NO_PEERS
         self.tokenizers = load_tokenizers(settings.routing.tokenizers)
         self.events = EventIndexes(
@@ -122,6 +128,14 @@ class RouterCore:
                 loads=self.loads,  # ... and takes turns on a slot engine
             ),
         )
+        self.receiver = Receiver(
+            peers=self.peers,
+            registry=self.registry,
+            policies=self.policies,
+            holds=self.proxy.holds,
+            metrics=self.metrics,
+        )
+        """The peers' batches (``POST /peers/routes``): who may send, what of it is applied."""
         self._tasks: list[asyncio.Task[None]] = []
         self.forward_headers = tuple(
             h for h in FORWARD_REQUEST_HEADERS if not (h == "authorization" and settings.server.api_key)
@@ -260,6 +274,16 @@ class Request(wire.Request):
 
 
 Handler = Callable[[Request], Awaitable[wire.Response]]
+
+
+def source_address(host: str) -> str | None:
+    """The address the batches to the peers leave from: ``--host`` when it names one IP address (the peers know this
+    router by it), else the system's choice (a pod's one address)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return None if ip.is_unspecified else str(ip)
 
 
 def load_tokenizers(paths: Sequence[tuple[str, str]]) -> dict[str, Tokenizer]:

@@ -491,8 +491,25 @@ class Metrics:
         self.peer_records_sent = CounterFamily(
             "smg_peer_records_sent",
             "Routes told to a peer router (--peer, --peers-dns), by outcome: sent (acknowledged), failed (the batch "
-            "did not reach it: dropped, not retried), dropped (its queue was full)",
+            "did not reach it, or its answer was not signed with --peer-secret: dropped, not retried), dropped (its "
+            "queue held --peer-queue-bytes), expired (queued longer than --peer-queue-seconds); a peer's series go "
+            "with it",
             ("peer", "outcome"),
+            registry=r,
+        )
+        self.peer_batches_rejected = CounterFamily(
+            "smg_peer_batches_rejected",
+            "POST /peers/routes refused, by reason: peers_disabled (404: no --peer, --peers-dns), not_a_peer (403: "
+            "from an address no peer has), unsigned, bad_signature, stale_batch, replayed_batch (401: --peer-secret), "
+            "too_large (413: over --peer-batch-bytes)",
+            ("reason",),
+            registry=r,
+        )
+        self.peer_records_rejected = CounterFamily(
+            "smg_peer_records_rejected",
+            "Routes and prefills of a peer's batch dropped before they touched anything, by reason: unknown_worker "
+            "(no worker of this router has that url), unknown_model (the worker serves another model or role)",
+            ("reason",),
             registry=r,
         )
         self.peer_records_received = CounterFamily(
@@ -578,6 +595,8 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
 COUNTER_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_worker_lifecycle_events_total": max,  # the parent applies each change to every process: one event
     "smg_peer_records_received_total": max,  # every process applies each batch a peer sent the pod
+    "smg_peer_records_rejected_total": max,  # ... and drops the same records of it
+    "smg_peer_batches_rejected_total": max,  # ... and refuses it alike
 }
 """The counters whose every increment happens in every process at once (the pod's figure is one process's)."""
 

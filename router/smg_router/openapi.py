@@ -27,7 +27,8 @@ Schema = dict[str, Any]
 ERROR_STATUSES = {
     400: "Malformed JSON, a missing field or a field of the wrong type (the message names it)",
     401: "The bearer token is missing or wrong (only when the router has a key configured)",
-    404: "No worker serves the model, or no worker has that id",
+    403: "The peer batch came from an address that is no peer of this router",
+    404: "No worker serves the model, or no worker has that id (the replica channel: the router has no peers)",
     408: "The client stopped sending the body for --body-timeout seconds",
     409: "The URL is registered already with another spec",
     413: "The body is larger than the router accepts (--max-payload-size; 64 KiB on the lifecycle API)",
@@ -630,7 +631,11 @@ def _paths() -> dict[str, Any]:
         "/peers/routes": {
             "post": {
                 "summary": "What a peer router routed, for this router's tree (router to router)",
-                "security": ADMIN,
+                "description": "Taken only by a router with peers (else 404), only from a peer's address (else 403), "
+                "signed with --peer-secret when one is set (else 401): the X-SMG-Peer-Time, X-SMG-Peer-Nonce and "
+                "X-SMG-Peer-Signature headers (HMAC-SHA256; the answer carries X-SMG-Peer-Signature too).  Not the "
+                "admin key.",
+                "security": [{"peerSignature": []}],
                 "requestBody": _body(_ref("PeerRoutes")),
                 "responses": {
                     **_ok(
@@ -656,7 +661,7 @@ def _paths() -> dict[str, Any]:
                             },
                         },
                     ),
-                    **_errors(400, 401, 408, 413),
+                    **_errors(400, 401, 403, 404, 408, 413),
                 },
             }
         },
@@ -708,6 +713,13 @@ def document() -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "--api-key; the data plane needs it when one is set",
+                },
+                "peerSignature": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "X-SMG-Peer-Signature",
+                    "description": "--peer-secret: an HMAC-SHA256 of the batch (with X-SMG-Peer-Time and "
+                    "X-SMG-Peer-Nonce); the replica channel only, from a peer's address only",
                 },
             },
         },

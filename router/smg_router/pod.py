@@ -33,9 +33,9 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from smg_router import admin, wire
+from smg_router import admin, app, wire
 from smg_router.app import POD_SOCKET, child_socket
-from smg_router.coordination import messages
+from smg_router.coordination import auth, messages
 from smg_router.errors import NotFound, RouterError, error_response
 from smg_router.http_io import read_body
 from smg_router.metrics import CONTENT_TYPE, merge_expositions
@@ -148,7 +148,11 @@ class Pod:
         if kind == "metrics":
             return await self._metrics()
         body = await read_body(request, messages.BODY_LIMIT) if request.method not in ("GET", "HEAD") else b""
-        headers = {k: v for k in ("Authorization", "Content-Type") if (v := request.headers.get(k)) is not None}
+        headers = {k: v for k in (*app.FORWARDED, auth.SOURCE) if (v := request.headers.get(k)) is not None}
+        if on_admin_port:  # from the network: where it came from is the connection's, whatever a header says
+            headers.pop(auth.SOURCE, None)
+            if request.remote is not None:
+                headers[auth.SOURCE] = request.remote
         if kind == "read":
             try:
                 status, raw, kept = await self._children.call(0, request.method, _target(request), body, headers)
@@ -190,7 +194,7 @@ class Pod:
             statuses = {status for status, _, _ in replies}
             if all(200 <= status < 300 for status in statuses):  # applied everywhere (200 or 201: created somewhere)
                 if request.path == "/peers/routes":
-                    return _peer_answer(replies)
+                    return _peer_answer(replies, self._settings.peers.secret, headers.get(auth.NONCE, ""))
                 status, raw, kept = max(replies, key=lambda r: r[0])
                 return wire.Response(status=status, body=raw, headers=kept)
             if len(statuses) == 1:  # refused alike everywhere: nothing changed
@@ -218,10 +222,12 @@ class Pod:
         return wire.Response(body=merge_expositions(texts), headers={"Content-Type": CONTENT_TYPE})
 
 
-def _peer_answer(replies: list[tuple[int, bytes, dict[str, str]]]) -> wire.Response:
-    """``POST /peers/routes`` answered for the pod: every process applied the batch (``messages.merge_answers``)."""
-    merged = messages.merge_answers([raw for _, raw, _ in replies])
-    return wire.Response(body=orjson.dumps(merged), content_type="application/json")
+def _peer_answer(replies: list[tuple[int, bytes, dict[str, str]]], secret: str | None, nonce: str) -> wire.Response:
+    """``POST /peers/routes`` answered for the pod: every process applied the batch (``messages.merge_answers``); the
+    merged answer signed as each process signed its own (``--peer-secret``)."""
+    body = orjson.dumps(messages.merge_answers([raw for _, raw, _ in replies]))
+    headers = {auth.SIGNATURE: auth.sign_answer(secret.encode(), nonce, body)} if secret else None
+    return wire.Response(body=body, content_type="application/json", headers=headers)
 
 
 def child_argv(argv: Sequence[str], settings: Settings, directory: str, index: int) -> list[str]:

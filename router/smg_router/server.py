@@ -110,6 +110,7 @@ class _Connection(asyncio.Protocol):
         self._loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.local_port: int | None = None
+        self.remote: str | None = None
         self.closed = False
         self._parser = httptools.HttpRequestParser(self)
         self._url: list[bytes] = []
@@ -146,8 +147,9 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         sockname = transport.get_extra_info("sockname")
         self.local_port = sockname[1] if isinstance(sockname, tuple) else None
-        peer = transport.get_extra_info("peername")
-        refusal = self._server.admit(self, peer[0] if isinstance(peer, tuple) else None)
+        peername = transport.get_extra_info("peername")
+        self.remote = str(peername[0]) if isinstance(peername, tuple) and peername else None
+        refusal = self._server.admit(self, self.remote)
         if refusal is not None:
             self._lingering = True  # nothing it sends is parsed
             self.write(_error_bytes(503, refusal, "too_many_connections", retry_after=1))

@@ -247,8 +247,17 @@ class PeerSettings:
     seconds; this router's own address in it is recognised and skipped."""
     ready_grace: float = 5.0
     """How long after its start a replica answers ``/readiness`` with 503 while it is not in sync with its peers yet
-    (every one answered a batch), so that it takes traffic with its first requests claimed as the others' are; past
-    it, ready all the same (its peers may all be gone: it serves alone)."""
+    (every one answered a batch and sent one), so that it takes traffic with its first requests claimed as the others'
+    are; past it, ready all the same (its peers may all be gone: it serves alone)."""
+    secret: str | None = None
+    """The peer secret (``--peer-secret``): every batch is signed with it and every answer too; never sent, and not
+    the admin key (``coordination.auth``).  None: the channel is guarded by the peers' addresses alone."""
+    queue_bytes: int = 8 * 1024 * 1024
+    """What one peer's queue holds at most (the routes' text and leading chars, in bytes); past it the oldest go."""
+    queue_seconds: float = 10.0
+    """A route or a prefill queued for a peer longer than this is dropped, not sent: a late hint is a wrong one."""
+    batch_bytes: int = 1024 * 1024
+    """The largest batch a router reads (413 above it) and sends: its parse is one call the event loop waits for."""
 
     @property
     def enabled(self) -> bool:
@@ -810,6 +819,39 @@ def build_parser() -> argparse.ArgumentParser:
         why="a shorter prefill done twice costs the engine less than a claim costs the routers",
     )
 
+    add(
+        replicas,
+        "--peer-secret",
+        None,
+        secret=True,
+        help="with peers: the secret every replica signs its batches and answers with (never sent; not the admin "
+        "key); unset: batches are accepted from the peers' addresses alone",
+    )
+    add(
+        replicas,
+        "--peer-queue-bytes",
+        PeerSettings().queue_bytes,
+        type=int,
+        help="with peers: bytes of routes queued for one peer at most (the oldest are dropped past it)",
+        why="a few seconds of routes at a thousand requests a second; not measured",
+    )
+    add(
+        replicas,
+        "--peer-queue-seconds",
+        PeerSettings().queue_seconds,
+        type=float,
+        help="with peers: a route queued longer than this for a peer is dropped, not sent",
+        why="a route hint older than that describes a cache that moved on; not measured",
+    )
+    add(
+        replicas,
+        "--peer-batch-bytes",
+        PeerSettings().batch_bytes,
+        type=int,
+        help="with peers: the largest batch a replica sends and reads (413 above it)",
+        why="its JSON parse is one call of ~7-35 ms per MiB that the event loop waits for",
+    )
+
     admin = p.add_argument_group("admin API", "the worker lifecycle API (POST/PUT/PATCH/DELETE /workers)")
     add(admin, "--admin-port", s.admin_port, type=int, help="port of the lifecycle mutations alone (0: --port)")
     add(
@@ -894,6 +936,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--prefill-claim-seconds must be 0 (off) or a number of seconds up to 1")
     if a.prefill_claim_min_chars < 0:
         parser.error("--prefill-claim-min-chars must be 0 or more")
+    if a.peer_queue_bytes < 1 or a.peer_batch_bytes < 64 * 1024:
+        parser.error("--peer-queue-bytes must be positive and --peer-batch-bytes at least 65536")
+    if not 0.0 < a.peer_queue_seconds < 1e6:  # NaN fails this too
+        parser.error("--peer-queue-seconds must be a positive number of seconds")
     if a.load_monitor_interval <= 0 or a.health_check_interval <= 0:
         parser.error("intervals must be positive")
     if a.max_payload_size < 1 or a.max_concurrent_requests < 1 or a.max_inflight_bytes < a.max_payload_size:
@@ -997,7 +1043,15 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     share = a.processes if a.process_index is not None else 1
     return Settings(
         process=ProcessSettings(count=a.processes, dir=a.processes_dir or None, index=a.process_index),
-        peers=PeerSettings(urls=tuple(peers), dns=a.peers_dns or None, ready_grace=a.peers_ready_grace),
+        peers=PeerSettings(
+            urls=tuple(peers),
+            dns=a.peers_dns or None,
+            ready_grace=a.peers_ready_grace,
+            secret=a.peer_secret or None,
+            queue_bytes=a.peer_queue_bytes,
+            queue_seconds=a.peer_queue_seconds,
+            batch_bytes=a.peer_batch_bytes,
+        ),
         routing=RoutingSettings(
             key_header=a.routing_key_header.strip().lower(),
             model_aliases=aliases,

@@ -106,6 +106,8 @@ class Connection(Protocol):
     """What a request needs of the connection it came on (``server._Connection``)."""
 
     local_port: int | None
+    remote: str | None
+    """The client's IP address (None on a unix socket)."""
     closed: bool
     write_paused: bool
     """The client reads slower than we write: ``drain`` waits (a stream checks this before calling it)."""
@@ -230,6 +232,11 @@ class Request:
     def local_port(self) -> int | None:
         """The port the connection was accepted on (the socket's, not the client's Host header)."""
         return self._conn.local_port
+
+    @property
+    def remote(self) -> str | None:
+        """The IP address the connection came from (None on a unix socket: ``--processes``'s private endpoints)."""
+        return self._conn.remote
 
     @property
     def content(self) -> Request:

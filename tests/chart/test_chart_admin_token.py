@@ -27,25 +27,44 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def salted(r: Rendered, data: str) -> str:
+    """The checksum of a Secret's value as the chart writes it: salted with the chart's salt Secret's value."""
+    salt = r.get("Secret", "smg-checksum-salt")["data"]["salt"]
+    return sha256(f"{salt}\n{data}")
+
+
+PINNED = {"auth": {"checksumSalt": "s"}, "router": {"peers": {"secret": "p"}}}
+"""Values that leave nothing to chance but the admin token."""
+
+
 def test_a_generated_token_is_one_value_for_the_secret_and_both_checksums() -> None:
     r = render()
     data = r.get("Secret", "smg-admin")["data"]["admin-api-key"]
-    assert checksum(r, "smg-router") == checksum(r, "smg-operator") == sha256(data)
+    assert checksum(r, "smg-router") == checksum(r, "smg-operator") == salted(r, data)
+    assert checksum(r, "smg-router") != sha256(data)  # salted: the annotation is no oracle for guesses of the token
 
 
 def test_the_checksum_follows_a_given_token() -> None:
-    a, a_again, b = (render({"auth": {"adminApiKey": key}}) for key in ("token-a", "token-a", "token-b"))
+    a, a_again, b = (
+        render({**PINNED, "auth": {"adminApiKey": key, "checksumSalt": "s"}})
+        for key in ("token-a", "token-a", "token-b")
+    )
     for deployment in PODS:
-        assert checksum(a, deployment) == checksum(a_again, deployment) == sha256("dG9rZW4tYQ==")  # b64 "token-a"
-        assert checksum(b, deployment) == sha256("dG9rZW4tYg==") != checksum(a, deployment)
+        assert (
+            checksum(a, deployment) == checksum(a_again, deployment) == sha256("cw==\ndG9rZW4tYQ==")
+        )  # b64 s, token-a
+        assert checksum(b, deployment) == sha256("cw==\ndG9rZW4tYg==") != checksum(a, deployment)
     assert a.manifests == a_again.manifests
 
 
 def test_two_renders_with_an_existing_secret_are_byte_identical() -> None:
-    values = {"auth": {"existingSecret": "team-admin", "secretKey": "token"}}
+    values = {
+        "auth": {"existingSecret": "team-admin", "secretKey": "token"},
+        "router": {"peers": {"existingSecret": "team-peers"}},
+    }
     first, second = render(values), render(values)
     assert first.manifests == second.manifests
-    assert not first.of_kind("Secret")
+    assert not first.of_kind("Secret")  # nor a salt: no checksum to salt
     for deployment in PODS:
         # helm template cannot read the Secret: no checksum rather than a made-up one
         assert checksum(first, deployment) is None
@@ -61,8 +80,13 @@ def test_user_pod_annotations_sit_beside_the_checksum() -> None:
     r = render({"router": {"podAnnotations": {"team": "infra"}}, "operator": {"podAnnotations": {"a": "b"}}})
     router = r.get("Deployment", "smg-router")["spec"]["template"]["metadata"]["annotations"]
     operator = r.get("Deployment", "smg-operator")["spec"]["template"]["metadata"]["annotations"]
-    assert set(router) == {ANNOTATION, "team"} and set(operator) == {ANNOTATION, "a"}
-    with_secret = render({"auth": {"existingSecret": "s"}, "router": {"podAnnotations": {"team": "infra"}}})
+    assert set(router) == {ANNOTATION, "checksum/peer-secret", "team"} and set(operator) == {ANNOTATION, "a"}
+    with_secret = render(
+        {
+            "auth": {"existingSecret": "s"},
+            "router": {"podAnnotations": {"team": "infra"}, "peers": {"existingSecret": "p"}},
+        }
+    )
     assert with_secret.get("Deployment", "smg-router")["spec"]["template"]["metadata"]["annotations"] == {
         "team": "infra"
     }

@@ -16,7 +16,7 @@ VARIANTS = {
         "networkPolicy": {"enabled": True, "adminNamespaces": ["platform"]},
         "operator": {"replicas": 2},
     },
-    "shared-port": {"router": {"adminPort": 0}},
+    "shared-port": {"router": {"adminPort": 0}, "networkPolicy": {"enabled": False}},
     "everything": {**example_values("monitoring"), "sim": {"enabled": True}, "operator": {"replicas": 3}},
 }
 

@@ -82,7 +82,7 @@ def test_the_router_gets_an_admin_port_and_everything_that_registers_uses_it(ena
 
 
 def test_with_admin_port_zero_everything_stays_on_the_main_port() -> None:
-    r = render({"router": {"adminPort": 0}, "sim": {"enabled": True}})
+    r = render({"router": {"adminPort": 0}, "networkPolicy": {"enabled": False}, "sim": {"enabled": True}})
     router = container(r, "smg-router")
     assert [p["name"] for p in router["ports"]] == ["http"]
     assert "SMG_ADMIN_PORT" not in {e["name"] for e in router["env"]}
@@ -92,8 +92,28 @@ def test_with_admin_port_zero_everything_stays_on_the_main_port() -> None:
     assert "Service/smg-router-admin" not in r.names()
 
 
-def test_no_network_policy_by_default() -> None:
-    assert not render().of_kind("NetworkPolicy")
+def test_the_network_policies_are_on_by_default_and_fence_off_the_admin_port_and_the_operator() -> None:
+    """Without any values: the router's admin port (the lifecycle API, the replicas' batches) only from this
+    release's operator and router pods; the operator's port from nobody but the peers listed (none)."""
+    r = render({"sim": {"enabled": True}})
+    policy = r.get("NetworkPolicy", "smg-router")
+    operator, sim, router = (pod_labels(r, d) for d in ("smg-operator", "smg-sim-regular", "smg-router"))
+    assert policy["spec"]["podSelector"]["matchLabels"] == router
+    assert allowed(policy, 30000, ns=NAMESPACE, pod=sim)
+    assert allowed(policy, 30001, ns=NAMESPACE, pod=operator) and allowed(policy, 30001, ns=NAMESPACE, pod=router)
+    assert not allowed(policy, 30001, ns=NAMESPACE, pod=sim)
+    assert not allowed(policy, 30001, ns=NAMESPACE, pod={**router, "app.kubernetes.io/instance": "other"})
+    assert not allowed(policy, 30001, ns="elsewhere", pod=router)
+    own = r.get("NetworkPolicy", "smg-operator")
+    assert own["spec"]["podSelector"]["matchLabels"] == operator
+    assert own["spec"]["policyTypes"] == ["Ingress"] and own["spec"]["ingress"] == []
+    for pod in (router, sim, operator):
+        assert not allowed(own, 8080, ns=NAMESPACE, pod=pod)
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    scraped = render({"networkPolicy": {"operatorFrom": [prometheus]}}).get("NetworkPolicy", "smg-operator")
+    assert allowed(scraped, 8080, ns="monitoring", pod={})
+    assert not allowed(scraped, 8080, ns=NAMESPACE, pod=router)
+    assert not render({"networkPolicy": {"enabled": False}}).of_kind("NetworkPolicy")
 
 
 def test_only_the_operator_and_the_configured_peers_reach_the_admin_port(enabled: Rendered) -> None:
@@ -153,4 +173,4 @@ def test_notes_say_where_worker_changes_go(enabled: Rendered) -> None:
         "NetworkPolicy smg-router lets only the operator, the other router replicas and the configured peers reach "
         "that port" in enabled.notes
     )
-    assert "smg-router-admin" not in render({"router": {"adminPort": 0}}).notes
+    assert "smg-router-admin" not in render({"router": {"adminPort": 0}, "networkPolicy": {"enabled": False}}).notes

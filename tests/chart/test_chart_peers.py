@@ -20,7 +20,7 @@ def _env(r: Rendered) -> dict[str, str | None]:
 def test_the_replicas_find_each_other_by_a_headless_service_on_the_port_of_the_admin_api(
     admin_port: int, port_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = render({"router": {"adminPort": admin_port}})
+    r = render({"router": {"adminPort": admin_port}, "networkPolicy": {"enabled": admin_port != 0}})
     port = admin_port or 30000
     peers = r.get("Service", "smg-router-peers")
     spec: dict[str, Any] = peers["spec"]

@@ -2,7 +2,8 @@
 
 The calls (the operator's fixed interface): pods and services get/list/watch; smgworkers get/list/watch/
 patch/update, smgworkers/status get/patch/update, smgworkers/finalizers update; events create/patch (core
-and events.k8s.io); leases get/create/update/patch only with leader election; and for kopf's discovery, even
+and events.k8s.io); leases get/update/patch of the Lease smg-operator alone (resourceNames) and create (which
+Kubernetes cannot scope to a name) only with leader election; and for kopf's discovery, even
 when it watches one namespace, customresourcedefinitions and namespaces list/watch (cluster-scoped).
 The pre-delete hook ``smg-operator-uninstall`` runs under a ServiceAccount of its own: smgworkers list/delete in
 the release namespace, and nothing else.
@@ -15,7 +16,7 @@ from collections import defaultdict
 import pytest
 from support.helm_chart import NAMESPACE, Rendered, render
 
-Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb); a rule scoped to one name: resource "<resource>:<name>"
 
 
 def grants(*rules: tuple[str, str, str]) -> set[Grant]:
@@ -38,7 +39,10 @@ DISCOVERY = grants(
     ("apiextensions.k8s.io", "customresourcedefinitions", "list watch"),
     ("", "namespaces", "list watch"),
 )
-LEASES = grants(("coordination.k8s.io", "leases", "get create update patch"))
+LEASES = grants(
+    ("coordination.k8s.io", "leases:smg-operator", "get update patch"),  # smg_operator.k8s.LeaseStore's one Lease
+    ("coordination.k8s.io", "leases", "create"),
+)
 UNINSTALL = grants(("smg.dev", "smgworkers", "list delete"))
 OPERATOR_SA = {"kind": "ServiceAccount", "name": "smg-operator", "namespace": NAMESPACE}
 UNINSTALL_SA = {"kind": "ServiceAccount", "name": "smg-operator-uninstall", "namespace": NAMESPACE}
@@ -51,9 +55,13 @@ HOOK = {
 def rule_grants(role: dict) -> set[Grant]:
     out: set[Grant] = set()
     for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        assert "nonResourceURLs" not in rule, rule
+        names = rule.get("resourceNames")
+        assert names is None or len(names) == 1, rule  # one name, or none
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
+                if names is not None:
+                    resource = f"{resource}:{names[0]}"
                 for verb in rule["verbs"]:
                     assert "*" not in (group, resource, verb), f"wildcard in {role['metadata']['name']}: {rule}"
                     out.add((group, resource, verb))

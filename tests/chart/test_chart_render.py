@@ -32,7 +32,7 @@ CONFIGS = {
         },
         "operator": {"replicas": 2, "allowedRouterServices": ["team-a/router"], "allowedEndpoints": ["10.0.0.0/8"]},
     },
-    "shared-port": {"router": {"adminPort": 0}},
+    "shared-port": {"router": {"adminPort": 0}, "networkPolicy": {"enabled": False}},
     "everything": {
         **example_values("monitoring"),
         "sim": {"enabled": True},
@@ -76,8 +76,12 @@ def test_defaults_render_the_core_objects(rendered: dict[str, Rendered]) -> None
     r.get("ClusterRoleBinding", "smg-operator-discovery-smg")
     r.get("Secret", "smg-admin")
     r.get("PodDisruptionBudget", "smg-router")
-    for absent in ("ServiceMonitor", "PrometheusRule", "SMGWorker", "ConfigMap", "NetworkPolicy"):
+    for absent in ("ServiceMonitor", "PrometheusRule", "SMGWorker", "ConfigMap"):
         assert not r.of_kind(absent), f"{absent} rendered by default"
+    r.get("NetworkPolicy", "smg-router")  # the admin port fenced off
+    r.get("NetworkPolicy", "smg-operator")
+    r.get("Secret", "smg-peers")  # the replicas' --peer-secret
+    r.get("Secret", "smg-checksum-salt")
     assert len(r.of_kind("Deployment")) == 2
 
 
@@ -225,7 +229,10 @@ def test_both_deployments_read_the_admin_token_from_the_secret(rendered: dict[st
         for name in ("smg-router", "smg-operator"):
             ref = env_of(r.get("Deployment", name))["SMG_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"]
             assert ref == {"name": secret, "key": "admin-api-key"}, (config, name)
-    assert not rendered["cluster-wide-ha"].of_kind("Secret")
+    assert [s["metadata"]["name"] for s in rendered["cluster-wide-ha"].of_kind("Secret")] == [
+        "smg-peers",
+        "smg-checksum-salt",
+    ]
 
 
 def test_admin_token_generated_or_given() -> None:

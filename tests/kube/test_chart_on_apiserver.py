@@ -117,6 +117,10 @@ class Release:
     def secret_data(self, name: str, key: str) -> str:
         return self.cp.api("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")["data"][key]
 
+    def salted(self, data: str) -> str:
+        """The checksum the chart writes for a Secret's value: salted with its salt Secret's, kept by lookup."""
+        return sha256(f"{self.secret_data('smg-checksum-salt', 'salt')}\n{data}")
+
 
 def no_jobs(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "operator": {**values.get("operator", {}), **NO_JOBS}}
@@ -143,7 +147,7 @@ def test_helm_install_on_1_20_picks_policy_v1beta1_and_keeps_the_generated_token
     token = release.secret_data("smg-admin", "admin-api-key")
     assert len(base64.b64decode(token)) == 32
     first = release.pods()
-    assert first["smg-router"][0] == first["smg-operator"][0] == sha256(token)
+    assert first["smg-router"][0] == first["smg-operator"][0] == release.salted(token) != sha256(token)
 
     release.upgrade({})  # lookup: the generated token stays, and nothing restarts
     assert release.secret_data("smg-admin", "admin-api-key") == token
@@ -153,14 +157,15 @@ def test_helm_install_on_1_20_picks_policy_v1beta1_and_keeps_the_generated_token
     assert release.secret_data("smg-admin", "admin-api-key") == b64("rotated-token")
     rotated = release.pods()
     for name, (checksum, generation) in rotated.items():
-        assert checksum == sha256(b64("rotated-token")) and generation == first[name][1] + 1, name
+        assert checksum == release.salted(b64("rotated-token")) and generation == first[name][1] + 1, name
 
     release.upgrade({})  # the value dropped again: lookup keeps the Secret's token, still no restart
     assert release.secret_data("smg-admin", "admin-api-key") == b64("rotated-token")
     assert release.pods() == rotated
     # the per-render token the templates keep in .Values.auth is no value of the release's: --reuse-values
     # passes the schema (no unknown auth key) and changes nothing
-    assert "_tokenData" not in json.dumps(release.config.get_values(release.name, all_values=True))
+    kept = json.dumps(release.config.get_values(release.name, all_values=True))
+    assert not [k for k in ("_tokenData", "_checksumSalt", "_secretData") if k in kept], kept
     release.upgrade({}, reuse_values=True)
     assert release.pods() == rotated
 
@@ -186,7 +191,7 @@ def test_with_an_existing_secret_the_checksum_follows_its_data(control_plane: Co
     assert release.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/smg-router")[0] == 200
     assert release.get(f"/apis/smg.dev/v1alpha1/namespaces/{ns}/smgworkers/smg-sim-regular")[0] == 200
     first = release.pods()
-    assert {checksum for checksum, _ in first.values()} == {sha256(b64("a"))}
+    assert {checksum for checksum, _ in first.values()} == {release.salted(b64("a"))}
 
     release.upgrade(values)
     assert release.pods() == first
@@ -199,7 +204,7 @@ def test_with_an_existing_secret_the_checksum_follows_its_data(control_plane: Co
     )
     release.upgrade(values)  # lookup sees the new data: both pod templates change
     for name, (checksum, generation) in release.pods().items():
-        assert checksum == sha256(b64("b")) and generation == first[name][1] + 1, name
+        assert checksum == release.salted(b64("b")) and generation == first[name][1] + 1, name
     release.uninstall()
     assert release.secret_data("team-admin", "token") == b64("b")  # not the chart's to delete
 

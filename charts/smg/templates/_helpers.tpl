@@ -78,11 +78,78 @@ the Secret and the pods' checksum annotation agree on a generated one:
 {{- $auth._tokenData }}
 {{- end }}
 
-{{/* Pod template annotations: the admin token's checksum (pods restart when the token changes) and the user's. */}}
+{{- define "smg.saltSecretName" -}}
+{{- printf "%s-checksum-salt" (include "smg.fullname" .) }}
+{{- end }}
+
+{{/*
+The salt of the pods' checksum annotations (base64), random, kept in the chart's Secret <fullname>-checksum-salt
+across upgrades (lookup; `helm template` draws a new one each render: give auth.checksumSalt for byte-identical
+renders).  Without it the annotation would be the
+plain SHA-256 of the token: anyone who may read pods could test guesses of the token against it offline.
+*/}}
+{{- define "smg.checksumSalt" -}}
+{{- $v := .Values }}
+{{- if not (hasKey $v "_checksumSalt") }}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "smg.saltSecretName" .) }}
+{{- $salt := "" }}
+{{- if $v.auth.checksumSalt }}
+{{- $salt = $v.auth.checksumSalt | b64enc }}
+{{- else if and $live $live.data (hasKey $live.data "salt") }}
+{{- $salt = index $live.data "salt" }}
+{{- else }}
+{{- $salt = randAlphaNum 32 | b64enc }}
+{{- end }}
+{{- $_ := set $v "_checksumSalt" $salt }}
+{{- end }}
+{{- $v._checksumSalt }}
+{{- end }}
+
+{{- define "smg.peerSecretName" -}}
+{{- default (printf "%s-peers" (include "smg.fullname" .)) .Values.router.peers.existingSecret }}
+{{- end }}
+
+{{/*
+The peer secret (the routers' --peer-secret, signing what the replicas tell each other; not the admin token) as
+the Secret's data holds it (base64), decided once per render as smg.adminTokenData is: router.peers.existingSecret's
+value when lookup sees it, else router.peers.secret, else the chart's own Secret's value (kept across upgrades), else
+a new random one.
+*/}}
+{{- define "smg.peerSecretData" -}}
+{{- $p := .Values.router.peers }}
+{{- if not (hasKey $p "_secretData") }}
+{{- $data := "" }}
+{{- $live := lookup "v1" "Secret" .Release.Namespace (include "smg.peerSecretName" .) }}
+{{- $seen := and $live $live.data (hasKey $live.data "peer-secret") }}
+{{- if $p.existingSecret }}
+{{- if $seen }}{{ $data = index $live.data "peer-secret" }}{{ end }}
+{{- else if $p.secret }}
+{{- $data = $p.secret | b64enc }}
+{{- else if $seen }}
+{{- $data = index $live.data "peer-secret" }}
+{{- else }}
+{{- $data = randAlphaNum 48 | b64enc }}
+{{- end }}
+{{- $_ := set $p "_secretData" $data }}
+{{- end }}
+{{- $p._secretData }}
+{{- end }}
+
+{{/*
+Pod template annotations: salted checksums of the admin token and (on the routers, with peers) of the peer secret,
+so that pods restart when one changes, and the user's.  (dict "ctx" $ "annotations" ... "peers" true)
+*/}}
 {{- define "smg.podAnnotations" -}}
+{{- $salt := include "smg.checksumSalt" .ctx }}
 {{- $token := include "smg.adminTokenData" .ctx }}
 {{- if $token }}
-checksum/admin-token: {{ sha256sum $token }}
+checksum/admin-token: {{ sha256sum (printf "%s\n%s" $salt $token) }}
+{{- end }}
+{{- if and .peers .ctx.Values.router.peers.enabled }}
+{{- $peer := include "smg.peerSecretData" .ctx }}
+{{- if $peer }}
+checksum/peer-secret: {{ sha256sum (printf "%s\n%s" $salt $peer) }}
+{{- end }}
 {{- end }}
 {{- with .annotations }}
 {{ toYaml . }}

@@ -8,7 +8,8 @@ routed (``transport.PeerSync.tell``), and the receiver inserts it as if it had r
 burst on a new prefix is prefilled once, not once a request nor once a replica: the first streamed request leads,
 the others wait for its first chunk (``holds.Holds``); the replicas tell each other their leads and their ends, and a
 replica in sync with its peers claims a lead before it goes (the lower router id wins two claims that cross).  All
-of it is one admin call, ``POST /peers/routes``, whose bodies are ``messages``'s.  The state table of one (worker,
+of it is one admin call, ``POST /peers/routes``, whose bodies are ``messages``'s, taken only from the peers'
+addresses and, with ``--peer-secret``, signed both ways (``auth``; ``receiver``).  The state table of one (worker,
 prefix) on one replica is in docs/architecture.md, "Cache-aware decisions with several replicas".
 
 What it does not guarantee.  There is no lock between the replicas and no consensus: a route is a hint, dropped and
@@ -22,6 +23,7 @@ share their holds.
 
 from smg_router.coordination.base import NO_PEERS, NoPeers, Peers
 from smg_router.coordination.holds import PEER_SILENCE, Held, Holds
+from smg_router.coordination.receiver import Receiver
 from smg_router.coordination.transport import PeerSync
 
-__all__ = ["NO_PEERS", "PEER_SILENCE", "Held", "Holds", "NoPeers", "PeerSync", "Peers"]
+__all__ = ["NO_PEERS", "PEER_SILENCE", "Held", "Holds", "NoPeers", "PeerSync", "Peers", "Receiver"]

@@ -2,24 +2,32 @@
 
 Called by the request path (``tell``, through ``base.Peers``), by ``holds.Holds`` (``tell_prefill``, ``claim``) and by
 readiness (``in_sync``, ``alone``); started and stopped by ``core.RouterCore`` (task ``smg-peer-sync``).  The bodies
-it sends and reads are ``messages``'s; the receiving end is ``admin.peer_routes``.
+it sends and reads are ``messages``'s; the receiving end is ``receiver.Receiver``.
 
 Peers come from ``--peer URL`` and from ``--peers-dns HOST:PORT`` (a headless Service: every ready replica's address,
-re-resolved every DNS_INTERVAL); a peer that answers ``{"self": true}`` was this router and is asked no more.  Each
+re-resolved every DNS_INTERVAL); a peer that answers ``{"self": true}`` was this router and is asked no more.  Their
+addresses (the names of ``--peer`` resolved as often) are the only ones a batch is accepted from (``knows``).  With
+``--peer-secret`` each batch is signed and a peer's answer must be too (``auth``): until a peer answered once (signed,
+with a secret), it is sent the empty first batch alone, never a route nor a prefill, so a pod that the name lists but
+that is no replica of this router (it does not hold the secret) learns no prompt; nothing sends the secret.  Each
 peer has its own queue and sender task, so a slow or dead peer delays nobody else; a sender waits BATCH_DELAY after a
-batch's first route for more to join it.  A batch that fails is dropped, not retried: a route is a hint about a
-cache, and a late one is a wrong one.  A claimed start does not wait: the sender goes at once (its lead waits for the
-answers).  ``in_sync`` says whether every peer acknowledged a batch (or the heartbeat sent every HEARTBEAT seconds;
-the first at once, then every FIRST_CONTACT seconds until the peer first answers) within STALE seconds; while it does
-not, leads and turns do not claim (``holds``) and readiness may wait (``core``).  The policy does not look: with peers
-configured it judges room from its index (``PolicySettings.index_complete``), which then misses the silent peers'
-routes; rank-only placement is for replicas that have no peers.
+batch's first route for more to join it.  A queue holds ``--peer-queue-bytes`` at most (the oldest go first) and
+nothing older than ``--peer-queue-seconds``: a peer that accepts connections and never answers costs that much memory,
+no more.  A batch that fails is dropped, not retried: a route is a hint about a cache, and a late one is a wrong one.
+A peer that leaves the set takes its sender task and its metric series with it.  A claimed start does not wait: the
+sender goes at once (its lead waits for the answers).  ``in_sync`` says whether every peer acknowledged a batch (or the
+heartbeat sent every HEARTBEAT seconds; the first at once, then every FIRST_CONTACT seconds until the peer first
+answers) and sent one (``heard``) within STALE seconds; while it does not, leads and turns do not claim (``holds``) and
+readiness may wait (``core``).  The policy does not look: with peers configured it judges room from its index
+(``PolicySettings.index_complete``), which then misses the silent peers' routes; rank-only placement is for replicas
+that have no peers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import secrets
 import socket
@@ -27,9 +35,11 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from smg_router.coordination import auth
 from smg_router.coordination.messages import PATH, Prefill, Record, decode_answer, encode_batch
 from smg_router.metrics import Metrics
 
@@ -51,10 +61,24 @@ DNS_INTERVAL = 5.0
 """Seconds between two resolutions of ``--peers-dns``."""
 SEND_TIMEOUT = 2.0
 MAX_PENDING = 8192
-"""Records queued for one peer at most; past it the oldest are dropped (counted ``dropped``)."""
-MAX_BATCH_CHARS = 2 * 1024 * 1024
-"""Routing text sent in one batch at most, well under a router's request body limit (8 MiB by default; a smaller
-``--max-payload-size`` lowers it to an eighth of that, as a char may take 4 bytes and JSON escapes more)."""
+"""Prefills queued for one peer at most; past it the oldest are dropped (counted ``dropped``)."""
+MAX_BATCH_RECORDS = 2048
+"""Routes and prefills sent in one batch at most: a batch's parse on the receiver is one call (``messages``)."""
+RECORD_OVERHEAD = 64
+"""Bytes a queued route costs beyond its text (what ``--peer-queue-bytes`` counts it for)."""
+OUTCOMES = ("sent", "failed", "dropped", "expired")
+"""The outcomes of ``smg_peer_records_sent_total``: a peer that leaves takes its series of each."""
+
+
+def canonical_ip(address: str) -> str:
+    """An IP address as ``knows`` compares them (an IPv4 address mapped into IPv6 as the IPv4 one); else as given."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]").partition("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
 
 
 @dataclass(slots=True)
@@ -71,9 +95,19 @@ class _Claim:
 @dataclass(slots=True)
 class _Peer:
     url: str
-    pending: deque[Record] = field(default_factory=deque)
-    prefills: OrderedDict[tuple[str, str], bool] = field(default_factory=OrderedDict)
-    """(worker url, leading chars) -> done, in the order told; a lead and its end that meet here cancel out."""
+    pending: deque[tuple[float, Record]] = field(default_factory=deque)
+    """(when queued, the route), oldest first."""
+    prefills: OrderedDict[tuple[str, str], tuple[bool, float]] = field(default_factory=OrderedDict)
+    """(worker url, leading chars) -> (done, when queued), in the order told; a lead and its end that meet here cancel
+    out."""
+    queued: int = 0
+    """Bytes of ``pending`` and ``prefills`` (``RECORD_OVERHEAD`` each beyond their text)."""
+    addresses: frozenset[str] = frozenset()
+    """Its IP addresses (its url's host, resolved): a batch from one of them is its (``PeerSync.knows``)."""
+    heard_at: float = float("-inf")
+    """When a batch from its address last came (``PeerSync.heard``)."""
+    verified: bool = False
+    """It answered a batch (signed, with a secret): a replica of this router, told routes and prefills from then on."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
     """Set with a claimed start: the batch goes without waiting BATCH_DELAY for more."""
@@ -91,22 +125,33 @@ class PeerSync:
         *,
         urls: Sequence[str],
         dns: str | None,
-        admin_key: str | None,
         metrics: Metrics,
-        max_body: int = 8 * 1024 * 1024,
+        secret: str | None = None,
+        queue_bytes: int = 8 * 1024 * 1024,
+        queue_seconds: float = 10.0,
+        batch_bytes: int = 1024 * 1024,
+        bind: str | None = None,
         scheme: str = "http",
     ) -> None:
         self.id = secrets.token_hex(8)
         """This router's id in the batches it sends: how it knows a batch of its own when a DNS name lists it."""
         self._static = tuple(u.rstrip("/") for u in urls)
         self._dns = dns
-        self._batch_chars = max(1024, min(MAX_BATCH_CHARS, max_body // 8))
+        self.batch_bytes = batch_bytes
+        """The largest batch this router reads (``admin.peer_routes``: 413 above it) and sends."""
+        self._batch_chars = max(1024, batch_bytes // 8)
         """Text per batch at most, and per record: a longer prompt is told by its leading chars (what a tree
-        match needs), so that no batch is refused for its size."""
+        match needs), so that no batch is refused for its size (a char may take 4 bytes and JSON escapes more)."""
+        self._queue_bytes = queue_bytes
+        self._queue_seconds = queue_seconds
         self._scheme = scheme
+        self._bind = bind
+        """The address this router's batches leave from (its ``--host`` when that is one address): what the peers
+        check them by."""
+        self.secret = secret.encode() if secret else None
+        self.verifier = auth.Verifier(secret) if secret else None
+        """Checks the batches' signatures (``admin.peer_routes``); None: no ``--peer-secret``."""
         self._headers = {"Content-Type": "application/json"}
-        if admin_key:
-            self._headers["Authorization"] = f"Bearer {admin_key}"
         self._metrics = metrics
         self._peers: dict[str, _Peer] = {}
         self._claims: dict[tuple[str, str], _Claim] = {}
@@ -123,13 +168,16 @@ class PeerSync:
             text = text[: self._batch_chars]
             head = min(head, len(text))
         record = (role, model, worker_url, text, head)
+        size = _size(record)
+        now = time.monotonic()
         for peer in self._peers.values():
             if peer.is_self:
                 continue
-            if len(peer.pending) >= MAX_PENDING:
-                peer.pending.popleft()
+            peer.pending.append((now, record))
+            peer.queued += size
+            while peer.queued > self._queue_bytes and peer.pending:
+                peer.queued -= _size(peer.pending.popleft()[1])
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
-            peer.pending.append(record)
             peer.wake.set()
 
     def tell_prefill(self, worker_url: str, prefix: str, *, done: bool, hurry: bool = False) -> None:
@@ -145,17 +193,26 @@ class PeerSync:
             if peer.is_self:
                 continue
             pending = peer.prefills
-            if pending.get(key, done) is not done:
+            now = time.monotonic()
+            queued = pending.get(key)
+            if queued is not None and queued[0] is not done:
                 if done:
-                    pending[key] = True
+                    pending[key] = (True, now)
                     self._answered(peer.url, key, None)  # a start that will not go: nothing for that peer to answer
                 else:
                     del pending[key]
+                    peer.queued -= RECORD_OVERHEAD + len(worker_url) + len(prefix)
                 continue
-            if len(pending) >= MAX_PENDING and key not in pending:
-                pending.popitem(last=False)
+            if queued is None:
+                peer.queued += RECORD_OVERHEAD + len(worker_url) + len(prefix)
+            pending[key] = (done, now)
+            while (len(pending) > MAX_PENDING or peer.queued > self._queue_bytes) and pending:
+                (url, old), _ = pending.popitem(last=False)
+                peer.queued -= RECORD_OVERHEAD + len(url) + len(old)
+                self._answered(peer.url, (url, old), None)
                 self._metrics.peer_records_sent.labels(peer.url, "dropped").inc()
-            pending[key] = done
+            if key not in pending:
+                continue
             peer.wake.set()
             if hurry:
                 peer.hurry.set()
@@ -164,7 +221,7 @@ class PeerSync:
         """Tell a first prefill's start (``tell_prefill``); ``answered`` is called once every peer answered the
         batch that carried it (a failed batch, a dropped peer count as answers), with the ids of the peers that
         lead the same themselves.  Nobody to tell, or a prefix too long to tell: at once, with none."""
-        peers = {p.url for p in self._peers.values() if not p.is_self}
+        peers = {p.url for p in self._peers.values() if not p.is_self and p.verified}  # the others are told nothing
         key = (worker_url, prefix)
         if not peers or len(prefix) > self._batch_chars:
             answered([])
@@ -187,10 +244,29 @@ class PeerSync:
             claim.answered(claim.leaders)
 
     def in_sync(self) -> bool:
-        """Whether there is at least one peer and every one acknowledged a batch within STALE seconds."""
+        """Whether there is at least one peer and every one acknowledged a batch and sent one within STALE seconds (a
+        new replica is not in sync before it heard from each of its peers: they may not know of it yet)."""
         now = time.monotonic()
         peers = [p for p in self._peers.values() if not p.is_self]
-        return bool(peers) and all(now - p.acked_at < STALE for p in peers)
+        return bool(peers) and all(now - p.acked_at < STALE and now - p.heard_at < STALE for p in peers)
+
+    def knows(self, address: str | None) -> bool:
+        """Whether ``address`` (where a batch came from) is a peer's: the only batches ``POST /peers/routes`` takes."""
+        if address is None:
+            return False
+        ip = canonical_ip(address)
+        return any(ip in p.addresses for p in self._peers.values())
+
+    def heard(self, address: str) -> None:
+        """A batch came from ``address`` (checked: ``knows``): the peers there are heard (``in_sync``)."""
+        ip, now = canonical_ip(address), time.monotonic()
+        for peer in self._peers.values():
+            if ip in peer.addresses:
+                peer.heard_at = now
+
+    def peer_urls(self) -> list[str]:
+        """The peers known now (for tests and logs)."""
+        return sorted(u for u, p in self._peers.items() if not p.is_self)
 
     def alone(self) -> bool:
         """Whether no other replica is known: the DNS name lists this router alone (or nothing yet), and every
@@ -202,7 +278,8 @@ class PeerSync:
     # -- background ---------------------------------------------------------------------------------
     async def run(self) -> None:
         """Keep the peer set (static URLs, then the DNS name's addresses) and a sender per peer."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT))
+        connector = aiohttp.TCPConnector(local_addr=(self._bind, 0) if self._bind else None)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT))
         try:
             while True:
                 wanted = set(self._static) | await self._resolve()
@@ -212,6 +289,8 @@ class PeerSync:
                     log.info("peer router %s added", url)
                 for url in set(self._peers) - wanted:
                     await self._drop(self._peers.pop(url))
+                for peer in self._peers.values():
+                    peer.addresses = await self._addresses(peer.url, peer.addresses)
                 await asyncio.sleep(DNS_INTERVAL)
         finally:
             for peer in list(self._peers.values()):
@@ -241,13 +320,27 @@ class PeerSync:
             urls.add(f"{self._scheme}://{addr}:{port}")
         return urls
 
+    async def _addresses(self, url: str, known: frozenset[str]) -> frozenset[str]:
+        """The IP addresses of a peer's url (its host, resolved when it is a name; ``known`` when that fails)."""
+        host = urlsplit(url).hostname or ""
+        if _is_ip(host):
+            return frozenset({canonical_ip(host)})
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return known
+        return frozenset(canonical_ip(str(info[4][0])) for info in infos)
+
     async def _drop(self, peer: _Peer) -> None:
+        """A peer that left the set: its claims answered, its sender task ended, its metric series gone."""
         for key in list(self._claims):
             self._answered(peer.url, key, None)
         if peer.task is not None:
             peer.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await peer.task
+        for outcome in OUTCOMES:
+            self._metrics.peer_records_sent.remove(peer.url, outcome)
         if not peer.is_self:
             log.info("peer router %s removed", peer.url)
 
@@ -264,20 +357,47 @@ class PeerSync:
                     await asyncio.wait_for(peer.hurry.wait(), BATCH_DELAY)
             peer.wake.clear()
             peer.hurry.clear()
+            self._expire(peer)
             batch: list[Record] = []
-            chars = 0
-            while peer.pending and chars + len(peer.pending[0][3]) <= self._batch_chars:
-                record = peer.pending.popleft()
-                batch.append(record)
-                chars += len(record[3])
             prefills: list[Prefill] = []
-            while peer.prefills and chars + len(next(iter(peer.prefills))[1]) <= self._batch_chars:
-                (url, prefix), done = peer.prefills.popitem(last=False)
-                prefills.append((url, prefix, done))
-                chars += len(prefix)
-            if peer.pending or peer.prefills:
-                peer.wake.set()  # the rest goes in the next batch
+            if peer.verified:  # a pod not known as a replica yet is sent nothing but the empty first batch
+                chars = 0
+                while (
+                    peer.pending
+                    and len(batch) < MAX_BATCH_RECORDS
+                    and chars + len(peer.pending[0][1][3]) <= self._batch_chars
+                ):
+                    record = peer.pending.popleft()[1]
+                    peer.queued -= _size(record)
+                    batch.append(record)
+                    chars += len(record[3])
+                while (
+                    peer.prefills
+                    and len(batch) + len(prefills) < MAX_BATCH_RECORDS
+                    and chars + len(next(iter(peer.prefills))[1]) <= self._batch_chars
+                ):
+                    (url, prefix), (done, _) = peer.prefills.popitem(last=False)
+                    peer.queued -= RECORD_OVERHEAD + len(url) + len(prefix)
+                    prefills.append((url, prefix, done))
+                    chars += len(prefix)
+                if peer.pending or peer.prefills:
+                    peer.wake.set()  # the rest goes in the next batch
             await self._send(peer, batch, prefills)
+
+    def _expire(self, peer: _Peer) -> None:
+        """Drop what waited for the peer longer than ``--peer-queue-seconds`` (counted ``expired``)."""
+        old = time.monotonic() - self._queue_seconds
+        expired = 0
+        while peer.pending and peer.pending[0][0] < old:
+            peer.queued -= _size(peer.pending.popleft()[1])
+            expired += 1
+        while peer.prefills and next(iter(peer.prefills.values()))[1] < old:
+            (url, prefix), _ = peer.prefills.popitem(last=False)
+            peer.queued -= RECORD_OVERHEAD + len(url) + len(prefix)
+            self._answered(peer.url, (url, prefix), None)
+            expired += 1
+        if expired:
+            self._metrics.peer_records_sent.labels(peer.url, "expired").inc(expired)
 
     async def _send(self, peer: _Peer, batch: list[Record], prefills: list[Prefill]) -> None:
         assert self._session is not None
@@ -285,11 +405,17 @@ class PeerSync:
         starts = [(url, prefix) for url, prefix, done in prefills if not done]
         leads: frozenset[tuple[str, str]] = frozenset()
         leader: str | None = None
+        headers, nonce = self._headers, ""
+        if self.secret is not None:
+            signed, nonce = auth.sign_batch(self.secret, body)
+            headers = {**headers, **signed}
         try:
-            async with self._session.post(peer.url + PATH, data=body, headers=self._headers) as resp:
+            async with self._session.post(peer.url + PATH, data=body, headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status}: {raw[:200]!r}")
+                if self.secret is not None and not auth.answer_signed(self.secret, nonce, resp.headers, raw):
+                    raise RuntimeError("its answer is not signed with --peer-secret: no replica of this router")
                 answer = decode_answer(raw)
                 if answer.is_self:
                     peer.is_self = True
@@ -310,4 +436,21 @@ class PeerSync:
             log.info("peer %s answers again", peer.url)
         peer.failing = False
         peer.acked_at = time.monotonic()
+        if not peer.verified:
+            peer.verified = True
+            if peer.pending or peer.prefills:
+                peer.wake.set()  # what was queued meanwhile goes now
         self._metrics.peer_records_sent.labels(peer.url, "sent").inc(len(batch) + len(prefills))
+
+
+def _size(record: Record) -> int:
+    """What a queued route counts for in ``--peer-queue-bytes``."""
+    return RECORD_OVERHEAD + len(record[1]) + len(record[2]) + len(record[3])
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True

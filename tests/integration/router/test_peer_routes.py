@@ -11,8 +11,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
+from smg_router.coordination import auth
 from smg_router.policies.placement import placement_key, rendezvous_score
 from smg_router.workers.worker import worker_id_for
 from support.procs import (
@@ -145,19 +148,20 @@ def test_a_replica_told_its_peers_routes_places_a_group_where_there_is_room_and_
 
 
 def test_a_peer_that_is_down_is_counted_and_the_router_routes_on_without_it(tmp_path: Path, sims: list[Sim]) -> None:
-    """Its routes are dropped (``failed``, one warning), the router is not in sync, and it routes on as a router
+    """Its routes are dropped (``expired``, one warning), the router is not in sync, and it routes on as a router
     without peers does (its own share of the backlog decides whether it judges room)."""
     dead = free_port("127.0.0.1")
-    r = start_router(tmp_path, workers=[s.url for s in sims], args=[*ARGS, "--peer", f"http://127.0.0.1:{dead}"])
+    args = [*ARGS, "--peer", f"http://127.0.0.1:{dead}", "--peer-queue-seconds", "1"]
+    r = start_router(tmp_path, workers=[s.url for s in sims], args=args)
     try:
         ready([r], sims, peers=False)
         w1 = sims[0].url
         one, two = groups_ranking_first(sims[0], sims[1], 2)
         assert served(r, one + " q")[0] == w1
-        wait_until(
-            lambda: metric_value(r.metrics(), "smg_peer_records_sent_total", outcome="failed") >= 1,
+        wait_until(  # never sent: a peer that never answered is told nothing, and its queue's routes expire
+            lambda: metric_value(r.metrics(), "smg_peer_records_sent_total", outcome="expired") >= 1,
             timeout=10,
-            what="the route to the dead peer counted failed",
+            what="the route to the dead peer counted expired",
         )
         text = r.metrics()
         assert metric_value(text, "smg_peers_in_sync") == 0
@@ -229,11 +233,19 @@ def test_a_dns_name_that_lists_the_router_itself_is_no_peer(tmp_path: Path, sims
 
 
 def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Path, sims: list[Sim]) -> None:
-    key = "peer-admin-key"
-    r = start_router(tmp_path, workers=[sims[0].url], admin_key=key, args=ARGS)
+    secret = "peer-secret"
+    dead = free_port("127.0.0.1")
+    args = [*ARGS, "--peer", f"http://127.0.0.1:{dead}", "--peer-secret", secret]
+    r = start_router(tmp_path, workers=[sims[0].url], admin_key="admin-key", args=args)
     try:
         r.wait_routable(1)
-        url, auth = r.url + "/peers/routes", {"Authorization": f"Bearer {key}"}
+        url = r.url + "/peers/routes"
+
+        def signed(batch: dict[str, object]) -> tuple[int, Any]:
+            body = orjson.dumps(batch)
+            headers, _ = auth.sign_batch(secret.encode(), body)
+            return http_json("POST", url, body, headers=headers)
+
         good = ["regular", MODEL, sims[0].url, "x" * 100, 0]
         status, body = http_json("POST", url, {"from": "other", "records": [good]})
         assert status == 401, body
@@ -250,15 +262,15 @@ def test_a_peer_batch_is_checked_whole_before_any_of_it_is_applied(tmp_path: Pat
             ({"from": "other", "records": [good], "prefills": [[sims[0].url, "", False]]}, "non-empty strings"),
             ({"from": "other", "records": [good], "prefills": [[sims[0].url, "x"]]}, "prefills[0]: must be"),
         ]:
-            status, body = http_json("POST", url, bad, headers=auth)
+            status, body = signed(bad)
             assert status == 400 and says in body["error"]["message"], (bad, body)
         assert metric_value(r.metrics(), "smg_peer_records_received_total", outcome="applied") == 0
         stranger = ["regular", MODEL, "http://127.0.0.1:9", "y" * 100, 0]
         leads = [[sims[0].url, "x" * 50, False], ["http://127.0.0.1:9", "x" * 50, False]]  # a stranger's is ignored
         batch = {"from": "other", "records": [good, stranger], "prefills": leads}
-        status, body = http_json("POST", url, batch, headers=auth)
+        status, body = signed(batch)
         assert status == 200 and (body["applied"], body["ignored"], body["leads"]) == (2, 2, [])  # it leads none
-        assert body["id"] == ""  # no peers of its own: it claims nothing, so it needs no id
+        assert body["id"]  # the router's id in its answers: its peers order their claims by it
         assert metric_value(r.metrics(), "smg_cache_tree_size_chars", model=MODEL, worker=sims[0].url) >= 100
     finally:
         r.stop()

@@ -105,6 +105,9 @@ async def test_documented_security_is_the_bearer_check_the_handlers_make() -> No
             async with _request_without_key(client, method, path) as response:
                 body = await response.read()
                 needs = operation["security"]
+                if needs == [{"peerSignature": []}]:  # the replica channel: a router without peers takes no batch
+                    assert response.status == 404, (method, path, response.status, body)
+                    continue
                 assert (response.status == 401) == bool(needs), (method, path, response.status, body)
                 if needs:
                     key = API_KEY if needs == [{"apiKey": []}] else ADMIN_KEY
