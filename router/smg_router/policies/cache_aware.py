@@ -26,8 +26,9 @@ Branches
    free or holding this prompt's key), or all of them when none has; of those the ones holding the fewest prompts
    of its size (groups spread evenly), then the ones that prefill the fewest requests, then the one that ranks
    first for the prompt's placement key by rendezvous hashing.  One of several replicas not told each other's
-   routes (``index_complete`` False) judges only by what every replica sees alike: the engines' KV events (room,
-   prompts held, rank) when every worker has them, else the rank alone.  The key
+   routes (``index_complete`` False) judges only by what every replica sees alike: the engines' KV events when
+   every worker has them (of those with room, the key's first two by rank, and of those the one holding fewer
+   prompts), else the rank alone.  The key
    is the leading ``placement_prefix_chars`` of the prompt's head (a chat up to its first user message, which later
    turns repeat; a plain prompt's text), so every replica places a conversation or a document group on the same
    worker, and its later requests follow as hits.  A worker ruled out by the gate counts fallback ``imbalance``.
