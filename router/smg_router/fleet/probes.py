@@ -60,7 +60,7 @@ class ProbeClient:
             raise ProbeError("connect", "probe client not started")
         timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(seconds, self._connect_timeout))
         try:
-            async with self._session.get(url, timeout=timeout) as resp:
+            async with self._session.get(url, timeout=timeout, allow_redirects=False) as resp:
                 if resp.content_length is not None and resp.content_length > self._max_body:
                     raise ProbeError("bad_payload", f"answer of {resp.content_length} bytes")
                 body = bytearray()

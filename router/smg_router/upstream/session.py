@@ -110,7 +110,7 @@ class SessionUpstream:
             body = self._then_first_byte(body, first_byte)
         try:
             async with first_byte:
-                resp = await self._session.post(url, data=body, headers=headers)
+                resp = await self._session.post(url, data=body, headers=headers, allow_redirects=False)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # a connect timeout included
             raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
         except TimeoutError:  # ours or the session's total deadline; before OSError, whose subclass it is
