@@ -99,6 +99,7 @@ class RouterCore:
             ),
             on_resend=self._count_resend,
         )
+        self.fleet.lifecycle.on_removed = self.upstream.forget
         server = settings.server
         self.budget = wire.Budget(server.max_inflight_bytes)
         """Request body bytes the server holds, counted as they arrive (``--max-inflight-bytes``)."""

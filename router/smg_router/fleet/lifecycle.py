@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from smg_router.errors import BadRequest, Conflict
 from smg_router.fleet.kv_feeds import KvFeeds
@@ -44,6 +45,8 @@ class Lifecycle:
         self.loads = loads
         self.metrics = metrics
         self._retry = retry
+        self.on_removed: Callable[[str], None] = lambda url: None
+        """Told the URL of every worker removed (the router closes its idle connections to it)."""
 
     def add(self, spec: WorkerSpec) -> tuple[Worker, bool]:
         """Register a worker; the same URL with the same spec is a no-op returning (existing, False)."""
@@ -108,6 +111,7 @@ class Lifecycle:
         self._sync()
         self.loads.forget(worker.id)
         self.metrics.forget_worker(worker.url, worker.role)
+        self.on_removed(worker.url)
         self.metrics.lifecycle_events.labels("removed", worker.role).inc()
         log.info("worker removed: %s (drained=%s)", worker.url, drained)
         return drained

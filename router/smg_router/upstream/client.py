@@ -36,6 +36,10 @@ class Upstream:
         await self._lean.close()
         await self._tls.close()
 
+    def forget(self, worker_url: str) -> None:
+        """The worker left: no connection to it is kept idle (the https pool's own expire within its keep-alive)."""
+        self._lean.forget(worker_url)
+
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
         if url.startswith("http://"):
             return await self._lean.post(url, body, headers)

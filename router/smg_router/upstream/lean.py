@@ -427,6 +427,15 @@ class LeanUpstream:
                 conn.close()
         self._idle.clear()
 
+    def forget(self, worker_url: str) -> None:
+        """The worker left: its idle connections are closed now, not kept until a host that may be gone says so."""
+        parts = urlsplit(worker_url)
+        if parts.hostname is not None:
+            for conn in self._idle.pop((parts.hostname, parts.port or 80), []):
+                conn.close()
+        for url in [u for u in self._targets if u.startswith(worker_url)]:
+            del self._targets[url]
+
     def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         """(host, port) and the request line + Host header, parsed once per URL."""
         cached = self._targets.get(url)

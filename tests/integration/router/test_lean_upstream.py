@@ -82,6 +82,16 @@ async def test_content_length_response_and_keep_alive_reuse(server, client) -> N
     assert srv.peers[0] == srv.peers[1]  # the same connection carried both requests
 
 
+async def test_a_worker_that_left_keeps_no_idle_connection(server, client) -> None:
+    srv, url = server
+    first = await client.post(url + "/echo", b"hello", {})
+    assert await first.read() == b"echo:hello"  # its connection waits idle in the pool
+    client.forget(url)  # the worker was removed: the pool lets go of it at once
+    second = await client.post(url + "/echo", b"again", {})
+    assert await second.read() == b"echo:again"
+    assert srv.peers[0] != srv.peers[1]  # a new connection: the idle one was closed
+
+
 async def test_connection_close_is_honoured(server, client) -> None:
     srv, url = server
     r = await client.post(url + "/close", b"", {})
