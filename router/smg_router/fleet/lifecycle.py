@@ -99,11 +99,19 @@ class Lifecycle:
             self.set_status(worker, WorkerStatus.READY if worker.health_failures == 0 else WorkerStatus.NOT_READY)
 
     async def remove(self, worker: Worker, *, drain_timeout: float) -> bool:
-        """Drain then remove; returns whether the drain finished before the timeout."""
+        """Drain then remove; returns whether the drain finished before the timeout.  Cancelled while it drains (its
+        caller left), nothing is half done: the worker is as it was, draining only if it was before."""
+        was_draining = worker.status is WorkerStatus.DRAINING
         self.set_status(worker, WorkerStatus.DRAINING)
         deadline = time.monotonic() + drain_timeout
-        while worker.inflight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polling keeps the hot path free of events
-            await asyncio.sleep(0.02)
+        try:
+            while worker.inflight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polling keeps the hot path free of events
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            if not was_draining:
+                self.set_draining(worker, False)
+            log.info("worker %s: removal cancelled while it drained; left as it was", worker.url)
+            raise
         drained = worker.inflight == 0
         if self.registry.get(worker.id) is not worker:
             return drained  # removed meanwhile by a concurrent call
