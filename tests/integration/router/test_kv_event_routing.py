@@ -51,14 +51,19 @@ def removed(tag: str) -> bytes:
     return msgspec.msgpack.encode([2.0, [["BlockRemoved", [hash((tag, 0)) & 0x7FFFFFFFFFFFFFFF], "GPU"]], 0])
 
 
-async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) -> None:
+def published_fleet(logs: Path) -> tuple[list[Sim], list[EnginePublisher], Router]:
+    """Two sims whose KV events come from test publishers, and a router that reads them with a byte tokenizer."""
     sims = [start_sim(logs) for _ in range(2)]
     engines = [EnginePublisher(), EnginePublisher()]
     tokenizer = byte_tokenizer(logs / "tokenizer")
     args = ["--tokenizer", f"{MODEL}={tokenizer}", "--model-id", MODEL]
     for sim, engine in zip(sims, engines, strict=True):
         args += ["--kv-events", f"{sim.url}={engine.endpoint},{engine.replay_endpoint}"]
-    router = start_router(logs, workers=[s.url for s in sims], args=args)
+    return sims, engines, start_router(logs, workers=[s.url for s in sims], args=args)
+
+
+async def test_the_router_routes_on_what_the_engines_say_they_cache(logs: Path) -> None:
+    sims, engines, router = published_fleet(logs)
     try:
         router.wait_routable(2)
         await asyncio.gather(*(e.subscribed() for e in engines))
@@ -122,13 +127,7 @@ def cleared() -> bytes:
 async def test_a_stream_that_lost_batches_is_replayed_else_routed_on_the_tree_until_its_engine_is_known_again(
     logs: Path,
 ) -> None:
-    sims = [start_sim(logs) for _ in range(2)]
-    engines = [EnginePublisher(), EnginePublisher()]
-    tokenizer = byte_tokenizer(logs / "tokenizer")
-    args = ["--tokenizer", f"{MODEL}={tokenizer}", "--model-id", MODEL]
-    for sim, engine in zip(sims, engines, strict=True):
-        args += ["--kv-events", f"{sim.url}={engine.endpoint},{engine.replay_endpoint}"]
-    router = start_router(logs, workers=[s.url for s in sims], args=args)
+    sims, engines, router = published_fleet(logs)
     engine, url = engines[0], sims[0].url
     docs = [list(f"{uuid.uuid4()} document {i} of the lossy engine ".encode() * 4) for i in range(6)]
     blocks = [len(ids) // BLOCK for ids in docs]

@@ -190,6 +190,8 @@ def _fuzz(
     outcomes: Counter[tuple[str, int]],
 ) -> int:
     right = ADMIN_KEY if needs == [{"adminKey": []}] else API_KEY
+    peer_channel = needs == [{"peerSignature": []}]
+    """Router to router, signed with the peers' secret, not a bearer key: this router has no peers, so none exists."""
     calls = 0
 
     @SETTINGS
@@ -205,7 +207,10 @@ def _fuzz(
         response = case.call(base_url=router.url, timeout=30)
         calls += 1
         outcomes[operation.label, response.status_code] += 1
-        _check_answer(operation, case, response, auth=auth, secured=bool(needs))
+        _check_answer(operation, case, response, auth=auth, secured=bool(needs) and not peer_channel)
+        if peer_channel:
+            assert response.status_code == 404, f"a router without peers took a peer batch: {response.text[:300]}"
+            assert response.json()["error"]["code"] == "peers_disabled"
         case.validate_response(response, checks=CHECKS)
         content_type = {k.lower(): v for k, v in response.headers.items()}.get("content-type", [""])[0]
         if 200 <= response.status_code < 300 and content_type.startswith("application/json"):
@@ -283,8 +288,13 @@ def test_every_operation_fuzzed_from_the_document_leaves_a_sound_router(fuzzed: 
         "POST /remove_worker",
     } <= answered
     assert outcomes["POST /workers", 201] + outcomes["POST /add_worker", 201] > 0
-    secured = {op.label for op in operations if document["paths"][op.path][op.method]["security"]}
-    assert secured == {label for label, status in outcomes if status == 401}
+    bearer = {
+        op.label
+        for op in operations
+        if document["paths"][op.path][op.method]["security"] not in ([], [{"peerSignature": []}])
+    }
+    assert bearer == {label for label, status in outcomes if status == 401}
+    assert {status for label, status in outcomes if label == "POST /peers/routes"} == {404}  # no peers here
     assert {label for label, status in outcomes if status == 400} >= {
         "POST /v1/chat/completions",
         "POST /v1/completions",
