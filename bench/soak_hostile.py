@@ -25,6 +25,7 @@ import socket
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 MIB = 2**20
 
@@ -215,7 +216,7 @@ class SilentPeer:
         self.host, self.port = self.sock.getsockname()[:2]
         self.tally = tally
         self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.StreamWriter] = set()
+        self._conns: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
 
     @property
     def url(self) -> str:
@@ -226,20 +227,26 @@ class SilentPeer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.tally.peer_connections += 1
-        self._conns.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns[writer] = task
         try:
             while data := await reader.read(65536):
                 self.tally.peer_bytes_received += len(data)
         except ConnectionError:
             pass
         finally:
-            self._conns.discard(writer)
+            self._conns.pop(writer, None)
             writer.close()
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        # a handler left to be cancelled when the loop ends logs its CancelledError: closed here, each reads its EOF
+        handlers = list(self._conns.values())
         for writer in list(self._conns):
             writer.close()
+        if handlers:
+            await asyncio.wait(handlers, timeout=2.0)
         if self._server is not None:
             await self._server.wait_closed()
