@@ -1,7 +1,7 @@
 """Soak: a router in front of four simulated workers at ~80% of their capacity, one worker killed and restarted
 every interval, mixed streaming and non-streaming requests.  Prints (or emits as JSON) what was lost.
 
-Usage:  python bench/soak.py [--duration 600] [--kill-every 60] [--load 0.8] [--json]
+Usage:  python bench/soak.py [--duration 600] [--kill-every 60] [--load 0.8] [--hostile] [--json]
 
 Capacity is measured first, through the router, on this machine: workers x --max-running closed-loop clients
 for --calibrate seconds (each `smg-sim` runs at most --max-running requests at once); arrivals are then
@@ -12,7 +12,15 @@ Reported: non-streaming requests that did not answer 200 (must be 0: a killed wo
 before their first byte), streams that ended without `[DONE]` (must be 0; a stream cut by the kill ends with
 an error event, then `[DONE]`), the router's RSS after --warmup seconds and at the end (growth must stay under
 10%), and the longest event-loop lag (the upper edge of the highest non-empty bucket of
-`smg_event_loop_lag_seconds`).  Run from the repository root with the project's venv.
+`smg_event_loop_lag_seconds`) and its p99 over the arrivals (the upper edge of the bucket that holds it).
+
+With --hostile, hostile traffic is mixed into the same run (``bench/soak_hostile.py``): --slow-clients connections
+that trickle their body or head (each must get a 408 and be closed; a new one is opened), --pipelining-clients
+connections that pipeline ~1 MiB requests behind a slow one, and a silent peer (``--peer`` at a listener that
+never answers, with ``--peer-secret``).  What they got is reported next to what the legitimate requests got.
+
+The router and the workers run this checkout's code: their PYTHONPATH starts with its ``router`` and ``sim``.
+Run from the repository root with the project's venv.
 """
 
 from __future__ import annotations
@@ -24,20 +32,25 @@ import json
 import os
 import random
 import re
+import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from soak_hostile import HostileTally, SilentPeer, pipelining_client, slow_client  # noqa: E402
 from support.procs import free_port, sim_args  # noqa: E402
 
 MODEL = "soak-model"
@@ -69,18 +82,72 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def max_loop_lag(metrics: str) -> float:
-    """Upper edge of the highest bucket of smg_event_loop_lag_seconds that holds a sample."""
+def child_env() -> dict[str, str]:
+    """The environment of the router and the workers: this checkout's packages first, whatever is installed after."""
+    paths = [str(ROOT / "router"), str(ROOT / "sim"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def lag_buckets(metrics: str) -> list[tuple[float, float]]:
+    """The cumulative buckets of smg_event_loop_lag_seconds, by upper edge."""
     counts: list[tuple[float, float]] = []
     for m in re.finditer(r'^smg_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics, re.M):
         counts.append((float(m.group(1)), float(m.group(2))))
-    counts.sort()
+    return sorted(counts)
+
+
+def max_loop_lag(metrics: str) -> float:
+    """Upper edge of the highest bucket of smg_event_loop_lag_seconds that holds a sample."""
     previous, edge = 0.0, 0.0
-    for le, cumulative in counts:
+    for le, cumulative in lag_buckets(metrics):
         if cumulative > previous:
             edge = le
         previous = cumulative
     return edge
+
+
+def loop_lag_quantile(before: str, after: str, q: float) -> float:
+    """Upper edge of the bucket of smg_event_loop_lag_seconds that holds the ``q`` quantile of the samples taken
+    between two expositions (0.0 without any)."""
+    earlier = dict(lag_buckets(before))
+    counts = [(le, cumulative - earlier.get(le, 0.0)) for le, cumulative in lag_buckets(after)]
+    if not counts or counts[-1][1] <= 0:
+        return 0.0
+    total = counts[-1][1]
+    return next(le for le, cumulative in counts if cumulative >= q * total)
+
+
+def peer_records(metrics: str) -> dict[str, float]:
+    """smg_peer_records_sent_total by outcome, summed over peers."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^smg_peer_records_sent_total\{([^}]*)\} (\S+)$", metrics, re.M):
+        outcome = re.search(r'outcome="([^"]+)"', m.group(1))
+        if outcome:
+            out[outcome.group(1)] = out.get(outcome.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def router_source() -> str:
+    """Where the router the soak starts imports smg_router from (this checkout's ``router/``, or it is not)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import smg_router; print(smg_router.__file__)"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        check=False,
+    )
+    return out.stdout.strip()
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 @dataclass
@@ -95,7 +162,7 @@ class Sim:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
         wait_http(self.url + "/health")
 
     def kill(self) -> None:
@@ -118,9 +185,11 @@ class Tally:
     rss_last: int = 0
     rss_samples: list[int] = field(default_factory=list)
     max_loop_lag_s: float = 0.0
+    loop_lag_p99_s: float = 0.0
     capacity_rps: float = 0.0
     rate_rps: float = 0.0
     duration_s: float = 0.0
+    peer_records: dict[str, float] = field(default_factory=dict)
 
 
 async def one_request(s: aiohttp.ClientSession, url: str, tally: Tally, *, stream: bool, max_tokens: int) -> None:
@@ -167,12 +236,53 @@ async def measure_capacity(router_url: str, clients: int, args: argparse.Namespa
         return done / (loop.time() - t0)
 
 
-async def drive(router_url: str, router_pid: int, sims: list[Sim], args: argparse.Namespace) -> Tally:
+def start_hostile(router_url: str, hostile: HostileTally, args: argparse.Namespace) -> list[asyncio.Task[None]]:
+    """The slow and the pipelining clients, each a task that reconnects until it is cancelled."""
+    loop = asyncio.get_running_loop()
+    host, port = router_url.removeprefix("http://").rsplit(":", 1)
+    tasks = [
+        loop.create_task(
+            slow_client(host, int(port), hostile, index=i, interval=args.slow_interval), name=f"soak-slow-client-{i}"
+        )
+        for i in range(args.slow_clients)
+    ]
+    tasks += [
+        loop.create_task(
+            pipelining_client(
+                host,
+                int(port),
+                hostile,
+                index=i,
+                model=MODEL,
+                slow_tokens=args.pipeline_slow_tokens,
+                bodies=args.pipeline_bodies,
+                pause=args.pipeline_pause,
+            ),
+            name=f"soak-pipelining-client-{i}",
+        )
+        for i in range(args.pipelining_clients)
+    ]
+    return tasks
+
+
+async def drive(
+    router_url: str,
+    router_pid: int,
+    sims: list[Sim],
+    args: argparse.Namespace,
+    *,
+    hostile: HostileTally | None = None,
+    peer: SilentPeer | None = None,
+) -> Tally:
     tally = Tally()
+    if peer is not None:
+        await peer.start()
     tally.capacity_rps = capacity = await measure_capacity(router_url, len(sims) * args.max_running, args)
     tally.rate_rps = rate = capacity * args.load
     rng = random.Random(args.seed)
     loop = asyncio.get_running_loop()
+    metrics_before = (await asyncio.to_thread(get, router_url + "/metrics"))[1].decode()
+    hostile_tasks = start_hostile(router_url, hostile, args) if hostile is not None else []
     start = loop.time()
     next_kill = start + args.kill_every
     next_sample = start
@@ -203,13 +313,21 @@ async def drive(router_url: str, router_pid: int, sims: list[Sim], args: argpars
             task.add_done_callback(tasks.discard)
             await asyncio.sleep(rng.expovariate(rate))
         tally.rss_samples.append(rss_bytes(router_pid))  # at the end of the arrivals, before the drain
+        for hostile_task in hostile_tasks:
+            hostile_task.cancel()
+        await asyncio.gather(*hostile_tasks, return_exceptions=True)
         if tasks:
             await asyncio.wait(tasks, timeout=120)
         if restarting is not None:
             await restarting
     tally.duration_s = loop.time() - start
     tally.rss_last = tally.rss_samples[-1]
-    tally.max_loop_lag_s = max_loop_lag(get(router_url + "/metrics")[1].decode())
+    metrics_after = (await asyncio.to_thread(get, router_url + "/metrics"))[1].decode()
+    tally.max_loop_lag_s = max_loop_lag(metrics_after)
+    tally.loop_lag_p99_s = loop_lag_quantile(metrics_before, metrics_after, 0.99)
+    if peer is not None:
+        tally.peer_records = peer_records(metrics_after)
+        await peer.stop()
     return tally
 
 
@@ -230,10 +348,46 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds after which the first RSS figure is taken (pools, caches and the tree are full)",
     )
     p.add_argument(
+        "--rss-window",
+        type=float,
+        default=10.0,
+        help="seconds of RSS samples whose median is compared too (after --warmup and at the end): with --hostile "
+        "a single sample is up to ~20%% off, by the 1 MiB bodies being parsed at that second",
+    )
+    p.add_argument(
         "--tree-memory-budget", type=int, default=4 * 2**20, help="the router's --tree-memory-budget (bytes)"
+    )
+    h = p.add_argument_group("hostile traffic (--hostile)")
+    h.add_argument("--hostile", action="store_true", help="mix slow and pipelining clients and a silent peer in")
+    h.add_argument("--slow-clients", type=int, default=8, help="connections trickling a body or a head at once")
+    h.add_argument("--slow-interval", type=float, default=1.0, help="seconds between two 16-byte pieces")
+    h.add_argument("--pipelining-clients", type=int, default=4, help="connections pipelining requests at once")
+    h.add_argument("--pipeline-bodies", type=int, default=4, help="~1 MiB requests pipelined behind the slow one")
+    h.add_argument("--pipeline-slow-tokens", type=int, default=64, help="the slow first request's max_tokens")
+    h.add_argument("--pipeline-pause", type=float, default=2.0, help="seconds between two pipelining connections")
+    h.add_argument(
+        "--head-timeout",
+        type=float,
+        default=5.0,
+        help="the router's --head-timeout with --hostile (its default, 20 s, gives a short run few 408s)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = p.parse_args(argv)
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    hostile = HostileTally() if args.hostile else None
+    peer = SilentPeer("127.0.0.1", hostile) if hostile is not None else None
+    hostile_flags = (
+        [
+            "--head-timeout",
+            str(args.head_timeout),
+            "--peer",
+            peer.url,
+            "--peer-secret",
+            secrets.token_hex(16),
+        ]
+        if peer is not None
+        else []
+    )
     sims = []
     for i in range(args.workers):
         host = f"127.0.1.{10 + i}"
@@ -273,9 +427,11 @@ def main(argv: list[str] | None = None) -> int:
                 # minute, so RSS growth after it measures leaks, not the tree filling up
                 "--tree-memory-budget",
                 str(args.tree_memory_budget),
+                *hostile_flags,
                 "--worker-urls",
                 *(s.url for s in sims),
-            ]
+            ],
+            env=child_env(),
         )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -284,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             if status == 200 and sum(w["routable"] for w in json.loads(body)["workers"]) == len(sims):
                 break
             time.sleep(0.1)
-        tally = asyncio.run(drive(url, router.pid, sims, args))
+        tally = asyncio.run(drive(url, router.pid, sims, args, hostile=hostile, peer=peer))
     finally:
         if router is not None:
             router.send_signal(signal.SIGTERM)
@@ -293,15 +449,31 @@ def main(argv: list[str] | None = None) -> int:
         for sim in sims:
             sim.kill()
     growth = tally.rss_last / tally.rss_first - 1 if tally.rss_first else 0.0
+    # one sample a second from the start of the arrivals; the first window begins at --warmup
+    first_window = tally.rss_samples[int(args.warmup) : int(args.warmup) + int(args.rss_window)]
+    last_window = tally.rss_samples[-int(args.rss_window) :]
+    window_first = statistics.median(first_window) if first_window else 0.0
+    window_last = statistics.median(last_window) if last_window else 0.0
     result = {
+        "command": " ".join(["bench/soak.py", *(sys.argv[1:] if argv is None else argv)]),
+        "started": started,
+        "commit": git_commit(),
+        "router_source": router_source(),
         **asdict(tally),
+        "legit_lost": len(tally.json_lost) + len(tally.streams_lost),
         "rss_growth": growth,
+        "rss_window_s": args.rss_window,
+        "rss_first_window_median": window_first,
+        "rss_last_window_median": window_last,
+        "rss_growth_window": window_last / window_first - 1 if window_first else 0.0,
         "json_lost": tally.json_lost[:10],
         "streams_lost": tally.streams_lost[:10],
         "json_lost_count": len(tally.json_lost),
         "streams_lost_count": len(tally.streams_lost),
     }
     result["rss_mb_per_second"] = [round(b / 2**20, 1) for b in result.pop("rss_samples")]
+    if hostile is not None:
+        result["hostile"] = hostile.as_dict()
     if args.json:
         print(json.dumps(result))
     else:

@@ -1,7 +1,7 @@
 """The small summary of a benchmark result that the repository keeps (``bench/summaries/``).
 
 Usage:  python bench/summarize.py KIND RESULT.json [RESULT.json ...] > bench/summaries/NAME.json
-(KIND: proxy, routing, llamacpp or compare)
+(KIND: proxy, routing, llamacpp, compare or soak)
 
 A benchmark writes its whole result to ``bench/out/`` (ignored by git): every repetition, every worker's samples.
 ``docs/benchmarks.md`` quotes a few figures of the latest run; the summary keeps exactly the figures a reader needs
@@ -97,7 +97,37 @@ def compare(doc: dict[str, Any]) -> dict[str, Any]:
     return full
 
 
-KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing, "compare": compare}
+SOAK_KEYS = (
+    "duration_s",
+    "capacity_rps",
+    "rate_rps",
+    "sent",
+    "json_ok",
+    "streams_done",
+    "streams_cut_with_error_event",
+    "legit_lost",
+    "kills",
+    "rss_first",
+    "rss_last",
+    "rss_growth",
+    "rss_window_s",
+    "rss_first_window_median",
+    "rss_last_window_median",
+    "rss_growth_window",
+    "max_loop_lag_s",
+    "loop_lag_p99_s",
+    "peer_records",
+    "hostile",
+)
+
+
+def soak(doc: dict[str, Any]) -> dict[str, Any]:
+    """One row per run of ``bench/soak.py --json``: what was lost, the memory and the event loop's lag, and what the
+    hostile clients got; not the RSS of every second."""
+    return {**_run(doc), "rows": [{k: doc[k] for k in SOAK_KEYS if k in doc}]}
+
+
+KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing, "compare": compare, "soak": soak}
 
 
 def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -103,3 +103,24 @@ def test_a_proxy_summary_keeps_medians_and_spreads_not_runs() -> None:
     assert got["p99_ms_spread"] == [7.0, 9.0]
     assert got["median"]["cpu_us"] == 110.0 and got["added_p50_us"] == 250.0 and got["ok"] is True
     assert "runs" not in got
+
+
+def test_a_soak_summary_keeps_one_row_per_run_without_the_rss_of_every_second() -> None:
+    result = {
+        "command": "bench/soak.py --duration 90 --hostile --json",
+        "started": "2026-01-01T00:00:00Z",
+        "commit": "abc",
+        "legit_lost": 0,
+        "rss_growth": 0.05,
+        "loop_lag_p99_s": 0.01,
+        "hostile": {"slow_statuses": {"408": 40}},
+        "rss_mb_per_second": [40.0] * 600,
+    }
+    doc = summarize("soak", [result, {**result, "command": "bench/soak.py --duration 600 --hostile --json"}])
+    assert [run["command"] for run in doc["runs"]] == [
+        result["command"],
+        "bench/soak.py --duration 600 --hostile --json",
+    ]
+    assert [row["run"] for row in doc["rows"]] == [0, 1]
+    assert doc["rows"][0]["hostile"] == {"slow_statuses": {"408": 40}} and doc["rows"][0]["legit_lost"] == 0
+    assert "rss_mb_per_second" not in doc["rows"][0]
