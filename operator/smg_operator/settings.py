@@ -82,13 +82,14 @@ def _env_or_none(flag: str) -> str | None:
     return raw
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag of ``smg-operator`` (docs/flags.md lists them; tests/unit/architecture/test_stability_contract.py
+    keeps the two equal)."""
     p = argparse.ArgumentParser(
         prog="smg-operator",
         description="Registers SMGWorker pools with every SMG router "
         "replica. Flags --x-y can also be set as SMG_OPERATOR_X_Y.",
     )
-    ns_env = _env("namespace", "")
     p.add_argument(
         "--namespace", action="append", default=None, help="namespace to watch (repeat; default: the whole cluster)"
     )
@@ -117,6 +118,12 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     p.add_argument("--log-level", default=_env("log-level", "info"))
     _leadership_flags(p)
     _tenancy_flags(p)
+    return p
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
+    p = build_parser()
+    ns_env = _env("namespace", "")
     a = p.parse_args(argv)
     if a.reconcile_interval <= 0:
         p.error("--reconcile-interval must be positive")
