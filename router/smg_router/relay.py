@@ -17,6 +17,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import orjson
 
@@ -70,6 +71,8 @@ class Relay:
         self.expose_worker_url = expose_worker_url
         """Whether answers name the worker's URL (``ROUTED_WORKER_HEADER``), not only its opaque id."""
         self._streams: set[asyncio.Task[object]] = set()
+        self._cuts: dict[asyncio.Task[object], tuple[str, str]] = {}
+        """Streams ``cut`` asked to end, with the (message, code) of their error event."""
         self.closing = False
         """True once ``end_streams`` ran: a cancelled stream then ends with an error event."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,6 +85,15 @@ class Relay:
         for task in self._streams:
             task.cancel()
         return len(self._streams)
+
+    def cut(self, task: asyncio.Task[Any], message: str, *, code: str) -> bool:
+        """End the stream ``task`` is passing through with an error event saying ``message``, through no fault of its
+        worker (PD: the other leg failed); False when ``task`` passes no stream (nothing reached the client yet)."""
+        if task not in self._streams:
+            return False
+        self._cuts[task] = (message, code)
+        task.cancel()
+        return True
 
     async def relay(
         self, request: wire.Request, req: ProxyRequest, upstream: UpstreamResponse, guard: AttemptGuard
@@ -174,6 +186,12 @@ class Relay:
                 task.uncancel()
                 guard.answered(upstream.status)
                 return out
+            cut = self._cuts.pop(task, None)
+            if cut is not None:
+                task.uncancel()
+                message, code = cut
+                await _end_with_error(out, req.endpoint, message, type="upstream_error", code=code)
+                return out
             if not self.closing:
                 raise  # the client went away
             task.uncancel()
@@ -187,6 +205,7 @@ class Relay:
             return out
         finally:
             self._streams.discard(task)
+            self._cuts.pop(task, None)
         with contextlib.suppress(ConnectionError):  # gone after the last event: only the chunked body's end is lost
             await out.write_eof()
         guard.answered(upstream.status)

@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.room_ttl,
         help="seconds a finished prefill stays readable by a decode (vLLM PD: the abort timeout of held KV)",
     )
+    p.add_argument(
+        "--stream-head-first",
+        action="store_true",
+        help="decode role: send an OpenAI stream's head before the KV arrived from the prefill worker (as SGLang does)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (the KV events' unit)")
     p.add_argument(
         "--kv-events-endpoint",
@@ -145,6 +150,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         log_level=args.log_level,
         bootstrap_timeout=args.bootstrap_timeout,
         room_ttl=args.room_ttl,
+        stream_head_first=args.stream_head_first,
         block_size=args.block_size,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,

@@ -96,6 +96,10 @@ class SimConfig:
     room_ttl: float = 60.0
     """Wall-clock seconds a finished bootstrap room stays fetchable."""
 
+    stream_head_first: bool = False
+    """Decode role: an OpenAI stream's head (200, ``text/event-stream``) goes out before the KV arrived from the
+    prefill worker, as SGLang's decode server sends it; a failed transfer is then an error event in the stream."""
+
     block_size: int = 16
     """Tokens per KV block, the unit KV events announce (vLLM's default block size)."""
 

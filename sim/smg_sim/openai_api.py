@@ -92,7 +92,9 @@ class _Call:
     model: str
     stream: bool
     include_usage: bool
-    prepared: list[gen.Prepared]
+    items: list[gen.GenItem]
+    prepared: list[gen.Prepared] | None
+    """None while a stream's head goes out first (``stream_head_first``): prepared by the stream."""
 
 
 async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
@@ -114,15 +116,24 @@ async def _parse(request: web.Request, *, chat: bool) -> tuple[SimState, _Call]:
     items = [gen.GenItem(p, max_tokens, stop, ref) for p, ref in zip(prompts, refs, strict=True)]
     options = body.get("stream_options") or {}
     call_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    stream = bool(body.get("stream"))
+    head_first = stream and cfg.role == "decode" and cfg.stream_head_first
     call = _Call(
         id=call_id,
         created=int(time.time()),
         model=cfg.model,
-        stream=bool(body.get("stream")),
+        stream=stream,
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
-        prepared=await gen.prepare(state, items, rid=call_id),
+        items=items,
+        prepared=None if head_first else await gen.prepare(state, items, rid=call_id),
     )
     return state, call
+
+
+async def _prepared(state: SimState, call: _Call) -> list[gen.Prepared]:
+    if call.prepared is not None:
+        return call.prepared
+    return await gen.prepare(state, call.items, rid=call.id)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -141,7 +152,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state, call = await _parse(request, chat=False)
     if call.stream:
         return await respond_sse(request, _stream(state, call, chat=False))
-    results = await gen.collect(state, call.prepared)
+    results = await gen.collect(state, await _prepared(state, call))
     return json_response(
         {
             "id": call.id,
@@ -162,7 +173,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state, call = await _parse(request, chat=True)
     if call.stream:
         return await respond_sse(request, _stream(state, call, chat=True))
-    ((text, out),) = await gen.collect(state, call.prepared)
+    ((text, out),) = await gen.collect(state, await _prepared(state, call))
     return json_response(
         {
             "id": call.id,
@@ -205,7 +216,7 @@ async def _stream(state: SimState, call: _Call, *, chat: bool) -> AsyncGenerator
     started = not chat
     """A chat's first chunk names the role; SGLang and vLLM send it with the first output, after the prefill."""
     finals: list[StepOutput] = []
-    async with contextlib.aclosing(gen.run(state, call.prepared)) as outputs:
+    async with contextlib.aclosing(gen.run(state, await _prepared(state, call))) as outputs:
         async for index, out in outputs:
             if not started:
                 started = True

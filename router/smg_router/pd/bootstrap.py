@@ -5,8 +5,11 @@ independently and each with its own tree.  The body gets ``bootstrap_host`` (the
 host), ``bootstrap_port`` and a random ``bootstrap_room`` (one entry per item for batch inputs) and
 goes to both workers at once; the prefill worker computes the KV cache and hands it to the decode
 worker through the room, and the client receives the decode worker's answer (streamed if asked).
-If either leg fails, the other is cancelled and the client gets a 502.  There are no retries: a leg
-that failed may already have been paired with the other.
+If either leg fails, the other is cancelled and the client gets a 502; the prefill leg is watched until it ends,
+also while the decode answer is relayed (SGLang's decode worker sends a stream's head before the KV arrived, then
+waits for it): a prefill that fails then ends the stream with an error event naming it.  An engine that refuses the
+request itself (a 4xx, ``legs.Refused``) has its answer passed to the client as it wrote it.  There are no retries:
+a leg that failed may already have been paired with the other.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class BootstrapDispatcher:
             body = with_bootstrap(req.endpoint, req.body, prefill.worker)
             prefill_leg = asyncio.ensure_future(self._prefill(prefill, req, body))
             decode_leg = asyncio.ensure_future(self._start(decode, "decode", req, body))
+            relaying: asyncio.Task[wire.Response] | None = None
             outcome = "error"
             try:
                 await asyncio.wait({prefill_leg, decode_leg}, return_when=asyncio.FIRST_COMPLETED)
@@ -88,16 +92,36 @@ class BootstrapDispatcher:
                     outcome = "prefill_failed"
                     raise error
                 decode_resp = await decode_leg  # raises the decode leg's UpstreamError
-                response = await self._relay.relay(request, req, decode_resp, decode)
+                relaying = asyncio.create_task(self._relay.relay(request, req, decode_resp, decode))
+                await asyncio.wait({relaying, prefill_leg}, return_when=asyncio.FIRST_COMPLETED)
+                if not relaying.done() and (error := prefill_leg.exception()) is not None:
+                    outcome = "prefill_failed"
+                    return await self._cut(relaying, error)
+                response = await relaying
                 outcome = "success"
                 return response
+            except legs.Refused as refused:
+                outcome = "refused"
+                return await self._relay.relay(request, req, refused.resp, refused.guard)
             except UpstreamError as e:
                 if outcome == "error":
                     outcome = "decode_failed" if e.code == "decode_failed" else "prefill_failed"
                 raise
             finally:
+                self._metrics.pd_requests.labels(outcome).inc()  # before any await: the client may leave now
+                if relaying is not None and not relaying.done():
+                    relaying.cancel()  # the client went away
+                    await asyncio.gather(relaying, return_exceptions=True)
                 await _settle(prefill_leg, decode_leg, succeeded=outcome == "success")
-                self._metrics.pd_requests.labels(outcome).inc()
+
+    async def _cut(self, relaying: asyncio.Task[wire.Response], error: BaseException) -> wire.Response:
+        """The prefill leg failed while the decode answer was being relayed: a stream already begun ends with an
+        error event saying so (the decode worker is not blamed); an answer not begun is the prefill's 502."""
+        if self._relay.cut(relaying, str(error), code="prefill_failed"):
+            return await relaying
+        relaying.cancel()
+        await asyncio.gather(relaying, return_exceptions=True)
+        raise error
 
     async def _prefill(self, guard: AttemptGuard, req: ProxyRequest, body: bytes) -> None:
         """Run the prefill leg to the end (its answer is discarded); UpstreamError on any failure."""
@@ -125,6 +149,8 @@ async def _settle(
     for leg in (prefill_leg, decode_leg):
         if not leg.done():
             leg.cancel()
+        elif not leg.cancelled() and isinstance(refusal := leg.exception(), legs.Refused):
+            refusal.resp.abort()  # the other leg's refusal went to the client; a no-op on the one relayed
     if not succeeded and decode_leg.done() and not decode_leg.cancelled() and decode_leg.exception() is None:
         decode_leg.result().abort()
     await asyncio.gather(prefill_leg, decode_leg, return_exceptions=True)

@@ -153,10 +153,15 @@ class VllmDispatcher:
             with decode:
                 params = await self._prefill(prefill, req, headers)
                 if isinstance(params, wire.Response):
+                    outcome = "refused"
                     return params  # the engine refused the request itself: its 4xx, as it wrote it
                 outcome = "decode_failed"
                 body = decode_body(req.body, params)
-                resp = await legs.send(self._upstream, decode, "decode", req.endpoint, body, headers)
+                try:
+                    resp = await legs.send(self._upstream, decode, "decode", req.endpoint, body, headers)
+                except legs.Refused as refused:
+                    outcome = "refused"
+                    return await self._relay.relay(request, req, refused.resp, refused.guard)
                 response = await self._relay.relay(request, req, resp, decode)
                 outcome = "success"
                 return response

@@ -120,3 +120,70 @@ def test_pd_flags_register_workers_and_env_works(logs: Path, pd_fleet) -> None:
         assert sorted(dec) == [0, 4]  # cache-aware on the decode slot
     finally:
         r.stop()
+
+
+def test_a_prefill_failing_while_the_decode_stream_is_relayed_ends_it_with_an_error_event(logs: Path) -> None:
+    """SGLang's decode worker sends a stream's head at once and then waits for the KV: the prefill leg is still
+    watched while that stream is relayed.  Here the prefill worker never answers (its bootstrap room stays empty,
+    so the decode worker would wait 30 s) and the router's first-byte timeout fails that leg after 1 s."""
+    prefill, bport = start_prefill(logs, time_scale=1.0, extra=["--hang-rate", "1"])
+    decode = start_decode(logs, time_scale=1.0, extra=["--stream-head-first", "--bootstrap-timeout", "30"])
+    r = start_router(
+        logs,
+        args=[
+            *("--pd-disaggregation", "--prefill", prefill.url, str(bport), "--decode", decode.url),
+            *("--first-byte-timeout", "1"),
+        ],
+    )
+    try:
+        r.wait_routable(2)
+        started = time.monotonic()
+        status, body = http_json(
+            "POST",
+            r.url + "/v1/completions",
+            {"model": MODEL, "prompt": "p" * 50, "max_tokens": 5, "stream": True},
+            timeout=40,
+        )
+        took = time.monotonic() - started
+        assert status == 200, body  # the decode worker's head went out before the prefill failed
+        assert '"code":"prefill_failed"' in body.replace(" ", ""), body
+        assert body.rstrip().endswith("data: [DONE]"), body
+        assert took < 10, f"the stream waited {took:.1f} s for the decode worker's own bootstrap timeout"
+        wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="no attempt left in flight")
+        wait_until(
+            lambda: http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0
+            and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
+            what="the decode worker to drop the request",
+        )
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="success") == 0
+    finally:
+        r.stop()
+        prefill.stop()
+        decode.stop()
+
+
+def test_an_engine_refusing_the_request_itself_is_passed_on_not_a_502(logs: Path) -> None:
+    """A prompt longer than the engines' KV capacity: their own 400, as they wrote it, not a 502 naming a worker."""
+    prefill, bport = start_prefill(logs, extra=["--kv-capacity", "64"])
+    decode = start_decode(logs, extra=["--kv-capacity", "64"])
+    r = start_router(logs, args=["--pd-disaggregation", "--prefill", prefill.url, str(bport), "--decode", decode.url])
+    try:
+        r.wait_routable(2)
+        for stream in (False, True):
+            status, body = http_json(
+                "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "p" * 400, "stream": stream}
+            )
+            assert status == 400, body
+            assert "KV capacity" in body["error"]["message"], body
+            assert prefill.url not in body["error"]["message"] and decode.url not in body["error"]["message"]
+        wait_until(
+            lambda: metric_value(r.metrics(), "smg_pd_requests_total", status="refused") == 2,
+            what="two refusals counted",
+        )
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 0
+        assert all(w["breaker"] == "closed" for w in r.workers())
+    finally:
+        r.stop()
+        prefill.stop()
+        decode.stop()

@@ -161,7 +161,8 @@ def test_a_prefill_worker_without_kv_transfer_params_is_a_502_and_decode_is_not_
 
 
 def test_a_router_in_the_wrong_pd_mode_fails_clearly_at_the_vllm_decode(logs: Path, vllm_fleet) -> None:
-    """The default (SGLang bootstrap) mode sends the decode worker no kv_transfer_params: a clear 502."""
+    """The default (SGLang bootstrap) mode sends the decode worker no kv_transfer_params: the engine's own refusal,
+    passed on as it wrote it (as every 4xx of an engine is), says what it needs; the router counts it refused."""
     prefills, decodes = vllm_fleet
     r = start_router(logs, args=["--pd-disaggregation", "--prefill", prefills[0].url, "--decode", decodes[0].url])
     try:
@@ -169,9 +170,10 @@ def test_a_router_in_the_wrong_pd_mode_fails_clearly_at_the_vllm_decode(logs: Pa
         status, body = http_json(
             "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "wrong pairing", "max_tokens": 2}
         )
-        assert status == 502, body
-        assert body["error"]["code"] == "decode_failed"
-        assert decodes[0].url in body["error"]["message"] and "do_remote_prefill" in body["error"]["message"]
+        assert status == 400, body
+        assert body["error"]["code"] == "missing_kv_transfer_params"
+        assert "do_remote_prefill" in body["error"]["message"]
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="refused") == 1
     finally:
         r.stop()
 
@@ -240,7 +242,8 @@ def test_what_cannot_be_split_is_refused_and_a_prefill_refusal_is_passed_on(logs
         status, body = http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "p" * 100})
         assert status == 400 and "KV capacity" in body["error"]["message"], body
         assert requests_seen(decodes[0]) == seen
-        assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="refused") == 1
+        assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 0
     finally:
         r.stop()
         small.stop()
