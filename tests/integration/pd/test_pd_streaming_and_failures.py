@@ -151,8 +151,10 @@ def test_a_prefill_failing_while_the_decode_stream_is_relayed_ends_it_with_an_er
         assert took < 10, f"the stream waited {took:.1f} s for the decode worker's own bootstrap timeout"
         wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="no attempt left in flight")
         wait_until(
-            lambda: http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0
-            and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0,
+            lambda: (
+                http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_waiting_reqs"] == 0
+                and http_json("GET", decode.url + "/v1/loads")[1]["loads"][0]["num_running_reqs"] == 0
+            ),
             what="the decode worker to drop the request",
         )
         assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
