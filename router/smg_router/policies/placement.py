@@ -49,11 +49,10 @@ def within_gate(loads: Sequence[int], slots: Sequence[int | None], settings: Pol
     beyond its slots, or a free one), and its load is more than ``balance_rel_threshold`` times the least load.
     An engine whose running slots are not known (``LoadView.running_slots``) has shown no limit: never over."""
     lo = min(loads) * settings.balance_rel_threshold
-    excess = [None if n is None else x - n for x, n in zip(loads, slots, strict=True)]
-    if any(e is None for e in excess):
-        return [e is None or e < 0 or x <= lo for e, x in zip(excess, loads, strict=True)]
-    least = min(e for e in excess if e is not None)
-    return [e is None or e < 0 or e <= least or x <= lo for e, x in zip(excess, loads, strict=True)]
+    # Requests beyond the running slots; an engine that showed no limit counts as one with a free slot.
+    excess = [-1 if n is None else x - n for x, n in zip(loads, slots, strict=True)]
+    least = min(excess)
+    return [e < 0 or e <= least or x <= lo for e, x in zip(excess, loads, strict=True)]
 
 
 def rendezvous_ranked(workers: Sequence[Worker], ok: Sequence[bool], key: int, count: int) -> list[int]:
