@@ -128,7 +128,9 @@ class RouterCore:
                 claim_min_chars=settings.policy.prefill_claim_min_chars,
                 loads=self.loads,  # ... and takes turns on a slot engine
             ),
+            hold=settings.hold,  # a request for a model with no routable worker waits for one (scale from zero)
         )
+        self.fleet.lifecycle.on_change = self.proxy.waiting.wake
         self.receiver = Receiver(
             peers=self.peers,
             registry=self.registry,
