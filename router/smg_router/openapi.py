@@ -593,8 +593,8 @@ def _paths() -> dict[str, Any]:
         "/health": _probe("Same as /readiness", can_fail=True),
         "/liveness": _probe("The process serves", can_fail=False),
         "/readiness": _probe(
-            "At least one routable worker (PD: a prefill and a decode one); with peers, in sync with them (at most"
-            " --peers-ready-grace seconds after the start)",
+            "At least one routable worker (PD: a prefill and a decode one; none needed with --hold-when-empty); with"
+            " peers, in sync with them (at most --peers-ready-grace seconds after the start)",
             can_fail=True,
         ),
         "/metrics": {

@@ -129,7 +129,11 @@ class Proxy:
         req.started = time.perf_counter()
         status = 500
         try:
-            await self.waiting.hold(req.model, self._roles(req))
+            roles = self._roles(req)
+            for role in roles:
+                if not self._attempts.has_routable(role, req.model):
+                    await self.waiting.hold(req.model, roles)  # no worker to route to: wait for one, or a 503
+                    break
             if self._pd is None:
                 response = await self._forward(request, req, "regular")
             elif req.endpoint in PD_ENDPOINTS:

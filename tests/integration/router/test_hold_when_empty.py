@@ -145,6 +145,31 @@ def test_a_held_request_is_sent_once_an_unready_worker_turns_ready(
     assert _waiting(holding, model) == 0
 
 
+def test_a_held_request_is_sent_once_its_drained_worker_is_undrained(
+    holding: Router, logs: Path, sims: list[Sim]
+) -> None:
+    model = "zero-drained"
+    sims.append(start_sim(logs, model=model))
+    status, worker = holding.admin("POST", "/workers", {"url": sims[0].url, "model_id": model})
+    assert status == 201 and worker["routable"], worker
+    status, worker = holding.admin("PATCH", f"/workers/{worker['id']}", {"draining": True})
+    assert status == 200 and not worker["routable"], worker
+    call = Call(holding, model)
+    wait_until(lambda: _waiting(holding, model) == 1, what="the request held")
+    assert holding.admin("PATCH", f"/workers/{worker['id']}", {"draining": False})[0] == 200
+    assert call.result()[0] == 200, call.body
+    assert _waiting(holding, model) == 0
+
+
+def test_a_holding_router_is_ready_without_a_routable_worker_and_one_that_does_not_hold_is_not(
+    holding: Router, not_holding: Router
+) -> None:
+    assert http_json("GET", holding.url + "/readiness")[0] == 200  # else its Service would send it nothing to hold
+    _declare(not_holding, "zero-ready")
+    status, body = http_json("GET", not_holding.url + "/readiness")
+    assert status == 503 and body["routable"] == 0, body
+
+
 def test_held_requests_go_in_arrival_order_and_the_queue_depth_is_a_gauge(
     holding: Router, logs: Path, sims: list[Sim]
 ) -> None:
