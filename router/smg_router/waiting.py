@@ -85,6 +85,9 @@ class WaitingRoom:
                 await waiter.future
             outcome = "sent"
         except TimeoutError:
+            if waiter.future.done() and not waiter.future.cancelled():  # released in the turn the bound came: it goes
+                outcome = "sent"
+                return
             outcome = "expired"
             awaited = " and ".join(waiter.missing)
             raise NoWorkerAvailable(
