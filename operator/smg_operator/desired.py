@@ -338,3 +338,63 @@ def plan(desired: Iterable[DesiredWorker], current: Iterable[Mapping[str, Any]],
 
 def owned_ids(current: Iterable[Mapping[str, Any]], *, owner_uid: str) -> list[str]:
     return [w["id"] for w in current if (w.get("labels") or {}).get(OWNER_UID) == owner_uid]
+
+
+# -- model declarations (scale from zero) -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """The model an SMGWorker keeps known on every router replica, pods or none (``PUT /models/{model}``): a request
+    for it then waits for a worker (the router's ``--hold-when-empty``) instead of a 404 once the pool is at zero."""
+
+    model: str
+    role: str
+    owner: str
+    """This SMGWorker's, by namespace, name and UID: the router keeps the model while any owner declares it, so two
+    SMGWorkers of one model (prefill and decode) withdraw independently."""
+
+    def body(self) -> dict[str, str]:
+        return {"role": self.role, "owner": self.owner}
+
+
+def declaration_owner(*, namespace: str, name: str, uid: str) -> str:
+    return f"{OPERATOR}:{namespace}/{name}@{uid}"
+
+
+def desired_declaration(*, namespace: str, name: str, uid: str, spec: Mapping[str, Any]) -> Declaration | None:
+    """The declaration of an SMGWorker's model (None without a model: the CRD requires one)."""
+    model = spec.get("model")
+    if not isinstance(model, str) or not model:
+        return None
+    return Declaration(
+        model=model,
+        role=spec.get("role") or "regular",
+        owner=declaration_owner(namespace=namespace, name=name, uid=uid),
+    )
+
+
+def plan_declarations(
+    want: Declaration | None, declared: Iterable[Mapping[str, Any]], *, owner: str
+) -> tuple[Declaration | None, tuple[str, ...]]:
+    """Diff one replica's ``declared_models`` (of ``GET /workers``) against the wanted declaration: the declaration
+    to PUT (None: it is there as wanted) and the models whose declaration by ``owner`` to withdraw (a model the
+    SMGWorker no longer names); never another owner's."""
+    mine: dict[str, str | None] = {}
+    for entry in declared:
+        for d in entry.get("declarations") or ():
+            if isinstance(d, Mapping) and d.get("owner") == owner and isinstance(entry.get("model"), str):
+                mine[entry["model"]] = d.get("role")
+    put = None if want is None or mine.get(want.model, "") == want.role else want
+    withdraw = tuple(sorted(m for m in mine if want is None or m != want.model))
+    return put, withdraw
+
+
+def owned_declarations(declared: Iterable[Mapping[str, Any]], *, owner_uid: str) -> list[tuple[str, str]]:
+    """(model, owner) of every declaration on a replica by the SMGWorker of this UID (its finalizer withdraws them)."""
+    suffix = f"@{owner_uid}"
+    return [
+        (entry["model"], d["owner"])
+        for entry in declared
+        if isinstance(entry.get("model"), str)
+        for d in entry.get("declarations") or ()
+        if isinstance(d, Mapping) and isinstance(d.get("owner"), str) and d["owner"].endswith(suffix)
+    ]

@@ -22,14 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from smg_operator.desired import (
+    Declaration,
     Desired,
     DesiredWorker,
     PodInfo,
     Replica,
     RouterTarget,
+    desired_declaration,
     desired_workers,
+    owned_declarations,
     owned_ids,
     plan,
+    plan_declarations,
     router_replicas,
     router_target,
     selector_matches,
@@ -481,12 +485,16 @@ async def reconcile(
     allowed routers lose this SMGWorker's workers until its spec is fixed (never a partial apply)."""
     pods = list(pods)
     desired = desired_workers(namespace=namespace, name=name, uid=uid, spec=spec, pods=pods)
+    declaration = desired_declaration(namespace=namespace, name=name, uid=uid, spec=spec)
     refused = refused_endpoints(spec.get("endpoints") or [], rt.settings.allowed_endpoints)
     if refused:
         desired = Desired(workers=(), selected=desired.selected)
+        declaration = None
     replicas, problem = find_replicas(rt, namespace=namespace, spec=spec, pods=pods, services=services)
     drain = float(spec.get("drainTimeoutSeconds", 30))
-    results = await asyncio.gather(*(sync_replica(rt, r, desired, uid=uid, drain=drain) for r in replicas))
+    results = await asyncio.gather(
+        *(sync_replica(rt, r, desired, uid=uid, drain=drain, declaration=declaration) for r in replicas)
+    )
     conflicts = tuple(sorted({u for _, c in results for u in c}))
     return Observed(
         desired=desired,
@@ -498,11 +506,14 @@ async def reconcile(
 
 
 async def sync_replica(
-    rt: Runtime, replica: Replica, desired: Desired, *, uid: str, drain: float
+    rt: Runtime, replica: Replica, desired: Desired, *, uid: str, drain: float, declaration: Declaration | None = None
 ) -> tuple[ReplicaResult, tuple[str, ...]]:
+    """Bring one replica to the desired workers, and to the SMGWorker's model declaration (``declaration``: the model
+    stays known there with zero workers; a model the SMGWorker no longer names is withdrawn)."""
     routers = rt.routers
     try:
         current = await routers.list_workers(replica.url)
+        declared = await routers.list_declared(replica.url)  # the same answer, shared
     except RouterCallError as e:
         return (
             ReplicaResult(pod=replica.pod, url=replica.url, namespace=replica.namespace, reachable=False, error=str(e)),
@@ -513,6 +524,11 @@ async def sync_replica(
     calls: list[tuple[str | None, Awaitable[object]]] = [(w.url, _add(routers, replica.url, w)) for w in p.add]
     calls += [(w.url, routers.replace(replica.url, wid, w.registration())) for wid, w in p.replace]
     calls += [(None, routers.set_draining(replica.url, wid, draining)) for wid, draining in p.drain]
+    owner = declaration.owner if declaration is not None else None
+    put, withdraw = plan_declarations(declaration, declared, owner=owner) if owner else (None, ())
+    if put is not None:
+        calls.append((None, routers.declare(replica.url, put.model, put.body())))
+    calls += [(None, routers.withdraw(replica.url, model, owner)) for model in withdraw if owner]
     for wid in p.remove:  # drains run on in the background: a long one must not hold up this pass or others
         _ = rt.remove_later(replica.url, wid, drain=drain)  # its outcome shows in the next pass's GET /workers
     outcomes = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
@@ -556,9 +572,13 @@ async def deregister_all(rt: Runtime, replicas: Iterable[Replica], *, uid: str, 
 
 
 async def _deregister_replica(rt: Runtime, replica: Replica, *, uid: str, drain: float) -> list[str]:
-    """Drain and remove this SMGWorker's workers on one replica (joining removals already in flight)."""
+    """Withdraw this SMGWorker's model declarations, then drain and remove its workers on one replica (joining
+    removals already in flight).  Another SMGWorker's declaration of the same model stays: the model stays known."""
     try:
         current = await rt.routers.list_workers(replica.url)
+        declared = await rt.routers.list_declared(replica.url)
+        for model, owner in owned_declarations(declared, owner_uid=uid):
+            await rt.routers.withdraw(replica.url, model, owner)
     except RouterCallError as e:
         return [f"{replica.pod}: {e}"]
     tasks = [rt.remove_later(replica.url, wid, drain=drain) for wid in owned_ids(current, owner_uid=uid)]

@@ -20,6 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -49,7 +50,8 @@ LIST_MAX_AGE = 1.0
 @dataclass(frozen=True, slots=True)
 class _Listing:
     started: float
-    task: asyncio.Future[list[dict[str, Any]]]
+    task: asyncio.Future[dict[str, Any]]
+    """The replica's ``GET /workers`` answer: ``workers`` and ``declared_models``."""
 
 
 class RouterClient:
@@ -113,6 +115,14 @@ class RouterClient:
 
     async def list_workers(self, router: str) -> list[dict[str, Any]]:
         """One replica's registry, shared with the other passes that ask within ``list_max_age``."""
+        return list((await self._listing(router)).get("workers") or [])
+
+    async def list_declared(self, router: str) -> list[dict[str, Any]]:
+        """The models declared on one replica (``declared_models``: model and its declarations), from the same shared
+        ``GET /workers`` answer as ``list_workers`` (a router that predates declarations: none)."""
+        return list((await self._listing(router)).get("declared_models") or [])
+
+    async def _listing(self, router: str) -> dict[str, Any]:
         if not self._gate.is_open:  # a pass of a replica that no longer leads gets no shared list either
             self._listings.clear()
             raise NotLeading(f"GET {router}/workers not sent: this replica does not lead")
@@ -122,13 +132,13 @@ class RouterClient:
             self._listings[router] = listing
             listing.task.add_done_callback(lambda task: self._settled(router, task))
         # shielded: one waiter cancelled (its daemon stopping) must not cancel the others' list
-        return list(await asyncio.shield(listing.task))
+        return await asyncio.shield(listing.task)
 
-    async def _list(self, router: str) -> list[dict[str, Any]]:
+    async def _list(self, router: str) -> dict[str, Any]:
         body = await self._call("list", "GET", f"{router}/workers")
-        return list(body.get("workers", []))
+        return body if isinstance(body, dict) else {}
 
-    def _settled(self, router: str, task: asyncio.Future[list[dict[str, Any]]]) -> None:
+    def _settled(self, router: str, task: asyncio.Future[dict[str, Any]]) -> None:
         """A failed list is not shared: the next pass asks again."""
         if task.cancelled() or task.exception() is not None:  # exception(): retrieved even if no waiter is left
             listing = self._listings.get(router)
@@ -167,3 +177,12 @@ class RouterClient:
             ok=(200, 404),
             client_timeout=aiohttp.ClientTimeout(total=drain_timeout + 10),
         )
+
+    async def declare(self, router: str, model: str, body: dict[str, Any]) -> None:
+        """Declare a model on the replica (``PUT /models/{model}``): known with or without workers."""
+        await self._change(router, "declare", "PUT", f"/models/{quote(model, safe='')}", json=body)
+
+    async def withdraw(self, router: str, model: str, owner: str) -> None:
+        """Withdraw one owner's declaration of a model (a 404, none there, is done too)."""
+        path = f"/models/{quote(model, safe='')}?owner={quote(owner, safe='')}"
+        await self._change(router, "withdraw", "DELETE", path, ok=(200, 404))

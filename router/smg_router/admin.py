@@ -19,6 +19,7 @@ from smg_router.core import Handler, Request, RouterCore
 from smg_router.errors import BadRequest, NotFound
 from smg_router.http_io import check_bearer, parse_json_object, read_body
 from smg_router.http_io import json_response as _json
+from smg_router.workers.declarations import Declaration, check_model
 from smg_router.workers.worker import SpecError, Worker, WorkerSpec, normalize_url
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -70,8 +71,14 @@ async def create_worker(request: Request) -> wire.Response:
 
 
 async def list_workers(request: Request) -> wire.Response:
+    """The fleet, and the models declared with or without workers (what the operator compares its declarations to)."""
     core = _core(request)
-    return _json({"workers": [_worker_json(core, w) for w in core.registry]})
+    return _json(
+        {
+            "workers": [_worker_json(core, w) for w in core.registry],
+            "declared_models": core.proxy.declarations.all_json(),
+        }
+    )
 
 
 async def get_worker(request: Request) -> wire.Response:
@@ -134,6 +141,41 @@ def _drain_timeout(request: Request, core: RouterCore) -> float:
     return value
 
 
+# -- models declared with or without workers (scale from zero) ------------------------------------------------
+def _model(request: Request) -> str:
+    try:
+        return check_model(request.params["model"])
+    except SpecError as e:
+        raise BadRequest(str(e), code="invalid_field") from None
+
+
+async def declare_model(request: Request) -> wire.Response:
+    """``PUT /models/{model}``: the model is known with or without workers (a request for it waits for one with
+    ``--hold-when-empty``, else gets a 503, never a 404), as this owner's declaration (body ``{"role", "owner"}``,
+    both optional); 201 for a new owner, 200 for one declaring it again."""
+    core = _authorize(request)
+    model = _model(request)
+    raw = await read_body(request, ADMIN_BODY_LIMIT)
+    try:
+        declaration = Declaration.from_json(parse_json_object(raw) if raw.strip() else None)
+    except SpecError as e:
+        raise BadRequest(str(e), code="invalid_field") from None
+    created = core.proxy.declarations.declare(model, declaration)
+    return _json(core.proxy.declarations.to_json(model), 201 if created else 200)
+
+
+async def withdraw_model(request: Request) -> wire.Response:
+    """``DELETE /models/{model}``: withdraw the declaration of ``?owner=`` (without it: every owner's); 404 when there
+    is none.  The model stays known while another owner declares it or a worker serves it."""
+    core = _authorize(request)
+    model = _model(request)
+    owner = request.query.get("owner")
+    if not core.proxy.declarations.withdraw(model, owner):
+        whose = f" by owner {owner!r}" if owner is not None else ""
+        raise NotFound(f"model {model!r} is not declared{whose}", code="model_not_declared")
+    return _json(core.proxy.declarations.to_json(model))
+
+
 # -- SGLang router compatibility ----------------------------------------------------------------
 def _query_url(request: Request) -> str:
     try:
@@ -171,7 +213,17 @@ async def peer_routes(request: Request) -> wire.Response:
 
 
 MUTATIONS = frozenset(
-    {create_worker, patch_worker, put_worker, delete_worker, add_worker_compat, remove_worker_compat, peer_routes}
+    {
+        create_worker,
+        patch_worker,
+        put_worker,
+        delete_worker,
+        add_worker_compat,
+        remove_worker_compat,
+        peer_routes,
+        declare_model,
+        withdraw_model,
+    }
 )
 """The handlers that change the fleet (and the peers' routes): with ``--admin-port`` they answer only there
 (``app.py``)."""
@@ -190,5 +242,9 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/remove_worker", remove_worker_compat),
     ("GET", "/list_workers", list_workers_compat),
     ("POST", "/peers/routes", peer_routes),
+    ("PUT", "/models/{model}", declare_model),
+    ("DELETE", "/models/{model}", withdraw_model),
 ]
 """(method, path, handler) of the lifecycle API, for ``app.Dispatcher``."""
+SLASHED_PARAMETERS = frozenset({"model"})
+"""Path parameters that may hold slashes (``PUT /models/org/name``: model names do), percent-encoded or not."""

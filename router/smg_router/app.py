@@ -1,8 +1,9 @@
 """The router's HTTP front: the server (``server``) and one dispatcher, no routing framework, no middleware.
 
 Per request, top to bottom (``Dispatcher.__call__``): the route by a dict lookup on the path (the lifecycle
-API's ``/workers/{worker_id}`` by its prefix), the method (``HEAD`` answers as ``GET``; another one is a 405
-naming those the path takes), the admin-port split, ``Expect: 100-continue``, the handler; every error leaves
+API's ``/workers/{worker_id}`` and ``/models/{model}`` by their prefixes; a model name may hold slashes), the
+method (``HEAD`` answers as ``GET``; another one is a 405 naming those the path takes), the admin-port split,
+``Expect: 100-continue``, the handler; every error leaves
 as OpenAI-shaped JSON, whoever raised it, and an unknown path is a 404 naming it.  Nothing else runs per
 request: aiohttp's ``Application`` resolved a route through its resources, froze a match-info object and
 walked the middleware chain and the response signals for every request, none of which the router needs
@@ -93,7 +94,11 @@ class Dispatcher:
         if methods is not None:
             return methods, {}
         for prefix, (name, templated) in self._templated.items():
-            if path.startswith(prefix) and (value := path[len(prefix) :]) and "/" not in value:
+            if (
+                path.startswith(prefix)
+                and (value := path[len(prefix) :])
+                and ("/" not in value or name in admin.SLASHED_PARAMETERS)
+            ):
                 return templated, {name: value}
         return None, {}
 

@@ -221,6 +221,14 @@ class Attempts:
         """Whether another attempt would find a routable worker."""
         return bool(self.routable(role, req.model, exclude)[0])
 
+    def has_routable(self, role: str, model: str) -> bool:
+        """Whether an attempt of ``role`` for ``model`` would find a worker (``routable``'s answer, without the list:
+        a ready worker counts when open breakers may panic, since they then cannot take out every ready one)."""
+        panics = self._max_ejection < 1.0
+        return any(
+            w.routable or (panics and w.status is WorkerStatus.READY) for w in self._registry.serving(role, model)
+        )
+
     def routable(self, role: str, model: str, exclude: Collection[str] = ()) -> tuple[list[Worker], bool]:
         """The workers of ``role`` serving ``model`` an attempt may go to (but ``exclude``), and whether that is
         every ready one because open breakers would take out more than the ejection share (panic)."""

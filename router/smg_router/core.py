@@ -128,7 +128,9 @@ class RouterCore:
                 claim_min_chars=settings.policy.prefill_claim_min_chars,
                 loads=self.loads,  # ... and takes turns on a slot engine
             ),
+            hold=settings.hold,  # a request for a model with no routable worker waits for one (scale from zero)
         )
+        self.fleet.lifecycle.on_change = self.proxy.waiting.wake
         self.receiver = Receiver(
             peers=self.peers,
             registry=self.registry,
@@ -153,7 +155,8 @@ class RouterCore:
         self.metrics.retries.labels(urlsplit(url).path, "resent").inc()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker.  With peers,
+        """Ready with a routable worker; in PD mode with a routable prefill AND a routable decode worker; with
+        ``--hold-when-empty`` without one too (a request for a model at zero waits here for its worker).  With peers,
         not before they are in sync (every one answered), for at most ``peers.ready_grace`` seconds after the start:
         a replica's first requests claim their prefills as the others' do (a request that would not, sent with
         another replica's on the same new prompt, makes the worker prefill it twice)."""
@@ -170,10 +173,11 @@ class RouterCore:
             and time.monotonic() < self.peers_grace_until
         ):
             return False, {"status": "peers_not_in_sync", **detail}
+        holding = self.settings.hold.seconds > 0  # it holds what it cannot route: out of its Service it would get none
         if not self.settings.pd.enabled:
-            return bool(routable), detail
+            return bool(routable) or holding, detail
         by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}
-        return all(by_role.values()), {**detail, **{f"routable_{r}": n for r, n in by_role.items()}}
+        return all(by_role.values()) or holding, {**detail, **{f"routable_{r}": n for r, n in by_role.items()}}
 
     def _kv_index_bytes(self) -> list[tuple[str, int]]:
         return [(model, blocks.estimated_bytes()) for model, blocks in self.events.models().items()]

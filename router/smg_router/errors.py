@@ -93,8 +93,22 @@ class NotSupported(RouterError):
     status, type = 501, "not_implemented_error"
 
 
+NO_WORKER_RETRY_AFTER = 5
+"""The ``Retry-After`` (seconds) of every 503 for want of a routable worker: about the time a worker scaled from zero
+to one (KEDA) needs to be seen by a scaler, while a client that comes back sooner waits in the hold again
+(``--hold-when-empty``) rather than hammering."""
+
+
 class NoWorkerAvailable(RouterError):
+    """No routable worker for the request's model (none at all, none in time, or the hold is full): retry later."""
+
     status, type = 503, "service_unavailable"
+    retry_after = NO_WORKER_RETRY_AFTER
+
+    def response(self) -> wire.Response:
+        response = super().response()
+        response.headers["Retry-After"] = str(self.retry_after)
+        return response
 
 
 class UpstreamError(RouterError):

@@ -65,8 +65,9 @@ async def _streamed(request: Request, core: RouterCore, endpoint: Endpoint) -> w
 
 
 async def models(request: Request) -> wire.Response:
-    """Every model a registered worker serves, in OpenAI's list shape, with the fleet behind it under ``smg``:
-    ``workers`` and ``routable`` counts, and ``roles`` (role → number of workers); then every alias of one of
+    """Every model a registered worker serves or someone declared (``PUT /models/{model}``), in OpenAI's list shape,
+    with the fleet behind it under ``smg``: ``workers`` and ``routable`` counts, ``roles`` (role → number of
+    workers) and a declared model's ``declared`` (owner and role of each declaration); then every alias of one of
     them (``--model-alias``), its ``smg`` naming the model it routes to (``alias_of``)."""
     core = request.core
     check_bearer(request, core.settings.server.api_key, what="the API key")
@@ -78,6 +79,10 @@ async def models(request: Request) -> wire.Response:
         entry["roles"][w.role] = entry["roles"].get(w.role, 0) + 1
         entry["workers"] += 1
         entry["routable"] += w.routable
+    declarations = core.proxy.declarations
+    for model in declarations.models():  # known with or without workers: a request for it waits or gets a 503
+        entry = fleet.setdefault(model, {"roles": {}, "workers": 0, "routable": 0})
+        entry["declared"] = [d.to_json() for d in declarations.of(model)]
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "smg", "smg": fleet[m]} for m in sorted(fleet)]
     data += [  # --model-alias: the public name, with the fleet of the model it routes to
         {"id": a, "object": "model", "created": 0, "owned_by": "smg", "smg": {**fleet[s], "alias_of": s}}

@@ -435,6 +435,22 @@ class Metrics:
             ("model", "role"),
             registry=r,
         )
+        self.requests_waiting = GaugeFamily(
+            "smg_model_requests_waiting",
+            "Requests held in this router waiting for a routable worker of the model (--hold-when-empty), by the role "
+            "of the workers awaited: regular, or prefill and decode in PD mode (a request awaiting both counts in "
+            "each); the demand of a model scaled to zero",
+            ("model", "role"),
+            registry=r,
+        )
+        self.holds = CounterFamily(
+            "smg_model_holds",
+            "Requests that waited for a routable worker of the model, by outcome: sent (one became routable), expired "
+            "(none within --hold-when-empty: a 503), full (the model's --hold-queue-size was reached: a 503 at once), "
+            "cancelled (the client went away while it waited)",
+            ("model", "outcome"),
+            registry=r,
+        )
         self.upstream_refused = CounterFamily(
             "smg_upstream_responses_refused",
             "Worker answers the router refused: a head or a body read whole past its limit",
@@ -589,6 +605,7 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_kv_index_blocks": max,  # every process reads the same events
     "smg_kv_events_synced": min,  # routed on its events in every process
     "smg_peers_in_sync": min,  # in sync in every process
+    "smg_model_requests_waiting": lambda a, b: a + b,  # each process holds its own clients' requests: the pod's
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms
 (their buckets, counts and sums) are added, but for ``COUNTER_MERGE``'s."""

@@ -406,6 +406,43 @@ SCHEMAS["PeerRoutes"] = {
         },
     },
 }
+_DECLARATION: Schema = {
+    "type": "object",
+    "required": ["owner", "role"],
+    "properties": {
+        "owner": {"type": "string", "description": "Who declared it (the operator: its SMGWorker)."},
+        "role": {"type": "string", "enum": ["regular", "prefill", "decode"]},
+    },
+}
+SCHEMAS["DeclaredModel"] = {
+    "type": "object",
+    "required": ["model", "declarations"],
+    "description": "A model known with or without workers, and who declared it.",
+    "properties": {"model": {"type": "string"}, "declarations": {"type": "array", "items": _DECLARATION}},
+}
+SCHEMAS["ModelDeclaration"] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "PUT /models/{model}: both fields optional (an empty body too).",
+    "properties": {
+        "role": _nullable(
+            {
+                "type": "string",
+                "enum": ["regular", "prefill", "decode"],
+                "default": "regular",
+                "description": "The role of the workers it will bring (informative).",
+            }
+        ),
+        "owner": _nullable(
+            {
+                "type": "string",
+                "maxLength": 256,
+                "default": "user",
+                "description": "Whose declaration: the model stays known until every owner withdrew.",
+            }
+        ),
+    },
+}
 SCHEMAS["WorkerReplacement"] = {
     **{k: v for k, v in SCHEMAS["WorkerSpec"].items() if k != "required"},
     "description": "A whole new spec (PUT): what it leaves out takes its default; `url` may be left out but "
@@ -429,6 +466,20 @@ DRAIN_TIMEOUT = {
     "required": False,
     "schema": {"type": "number", "minimum": 0},
     "description": "Seconds to wait for in-flight requests (default --drain-timeout).",
+}
+MODEL = {
+    "name": "model",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\x00-\\x1f\\x7f]+$"},
+    "description": "The model's name as clients send it (it may hold slashes: `org/name`); no control characters.",
+}
+OWNER = {
+    "name": "owner",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "Withdraw this owner's declaration only (default: every owner's).",
 }
 QUERY_URL = {"name": "url", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}}
 
@@ -492,7 +543,8 @@ def _paths() -> dict[str, Any]:
         **{path: _forwarded(endpoint) for path, endpoint in ENDPOINT_TABLE.items()},
         "/v1/models": {
             "get": {
-                "summary": "Every model a registered worker serves, with its workers by role (`smg`)",
+                "summary": "Every model a registered worker serves or someone declared, with its workers by role "
+                "(`smg`)",
                 "security": DATA,
                 "responses": {
                     **_ok(
@@ -520,6 +572,12 @@ def _paths() -> dict[str, Any]:
                                                     },
                                                     "workers": {"type": "integer"},
                                                     "routable": {"type": "integer"},
+                                                    "declared": {
+                                                        "type": "array",
+                                                        "items": _DECLARATION,
+                                                        "description": "A declared model's declarations "
+                                                        "(PUT /models/{model}); absent when nobody declared it.",
+                                                    },
                                                 },
                                             },
                                         },
@@ -535,8 +593,8 @@ def _paths() -> dict[str, Any]:
         "/health": _probe("Same as /readiness", can_fail=True),
         "/liveness": _probe("The process serves", can_fail=False),
         "/readiness": _probe(
-            "At least one routable worker (PD: a prefill and a decode one); with peers, in sync with them (at most"
-            " --peers-ready-grace seconds after the start)",
+            "At least one routable worker (PD: a prefill and a decode one; none needed with --hold-when-empty); with"
+            " peers, in sync with them (at most --peers-ready-grace seconds after the start)",
             can_fail=True,
         ),
         "/metrics": {
@@ -577,7 +635,10 @@ def _paths() -> dict[str, Any]:
                     {
                         "type": "object",
                         "required": ["workers"],
-                        "properties": {"workers": {"type": "array", "items": worker}},
+                        "properties": {
+                            "workers": {"type": "array", "items": worker},
+                            "declared_models": {"type": "array", "items": _ref("DeclaredModel")},
+                        },
                     },
                 ),
             },
@@ -606,6 +667,30 @@ def _paths() -> dict[str, Any]:
                 "security": ADMIN,
                 "parameters": [DRAIN_TIMEOUT],
                 "responses": {**_ok("Removed", _ref("Removed")), **_errors(400, 401, 404)},
+            },
+        },
+        "/models/{model}": {
+            "parameters": [MODEL],
+            "put": {
+                "summary": "Declare a model with or without workers: a request for it waits for a worker "
+                "(--hold-when-empty) or gets a 503, never a 404",
+                "security": ADMIN,
+                "requestBody": {"required": False, "content": _json_content(_ref("ModelDeclaration"))},
+                "responses": {
+                    **_ok("Declared again by this owner", _ref("DeclaredModel")),
+                    **_ok("Declared by a new owner", _ref("DeclaredModel"), 201),
+                    **_errors(400, 401, 404, 408, 413),
+                },
+            },
+            "delete": {
+                "summary": "Withdraw a declaration (the model stays known while a worker serves it or another "
+                "owner declares it)",
+                "security": ADMIN,
+                "parameters": [OWNER],
+                "responses": {
+                    **_ok("Withdrawn: the declarations left", _ref("DeclaredModel")),
+                    **_errors(400, 401, 404),
+                },
             },
         },
         "/add_worker": {

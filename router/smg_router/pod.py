@@ -115,6 +115,8 @@ class Pod:
         methods = self._kinds.get(path)
         if methods is None and path.startswith("/workers/") and "/" not in path[len("/workers/") :]:
             methods = self._kinds.get("/workers/")
+        if methods is None and path.startswith("/models/") and len(path) > len("/models/"):  # a name may hold "/"
+            methods = self._kinds.get("/models/")
         if methods is None:
             return "metrics" if path == "/metrics" else None
         return "change" if methods.get(method) else "read"  # another method: child 0 answers the 405
@@ -167,10 +169,12 @@ class Pod:
             return await self._everywhere(request, body, headers)
 
     def _lock_key(self, request: wire.Request, body: bytes) -> str | None:
-        """The worker a change is about (its id), when it names one."""
+        """The worker a change is about (its id), or the model, when it names one."""
         path = request.path
         if path.startswith("/workers/"):
             return path[len("/workers/") :]
+        if path.startswith("/models/"):
+            return path  # one declaration change at a time per model
         url: object = None
         if path == "/workers":
             with contextlib.suppress(orjson.JSONDecodeError, AttributeError):

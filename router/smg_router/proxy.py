@@ -43,8 +43,10 @@ from smg_router.relay import RESPONSES, Relay
 from smg_router.request import KIND_OF, PD_ENDPOINTS, ProxyRequest, apply_routing_headers, kv_namespace
 from smg_router.response_ids import ResponseIdTags
 from smg_router.retry import RetryLoop
-from smg_router.settings import RetrySettings, RoutingSettings
+from smg_router.settings import HoldSettings, RetrySettings, RoutingSettings
 from smg_router.upstream import Upstream, UpstreamConnectError, UpstreamResponse
+from smg_router.waiting import WaitingRoom
+from smg_router.workers.declarations import Declarations
 from smg_router.workers.registry import WorkerRegistry
 
 
@@ -63,8 +65,12 @@ class Proxy:
         holds: Holds | None = None,
         peers: Peers = NO_PEERS,
         tokenizers: Mapping[str, Tokenizer] | None = None,
+        hold: HoldSettings | None = None,
+        declarations: Declarations | None = None,
     ) -> None:
         self._registry = registry
+        self.declarations = declarations if declarations is not None else Declarations()
+        """The models declared with or without workers (``PUT /models/{model}``): known, so held rather than 404."""
         self._tokenizers: Mapping[str, Tokenizer] = tokenizers or {}
         """Model -> its tokenizer (``--tokenizer``): the prompts whose token ids the router computes."""
         self._routing = routing or RoutingSettings()
@@ -86,6 +92,10 @@ class Proxy:
             peers=peers,
             max_ejection_share=retry.max_ejection_share,
         )
+        self.waiting = WaitingRoom(
+            settings=hold or HoldSettings(), metrics=metrics, routable=self._attempts.has_routable
+        )
+        """The requests for a known model with no routable worker (``--hold-when-empty``); the lifecycle wakes it."""
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``coordination.Holds``); the peers' leads go in too
         (``admin``)."""
@@ -119,6 +129,11 @@ class Proxy:
         req.started = time.perf_counter()
         status = 500
         try:
+            roles = self._roles(req)
+            for role in roles:
+                if not self._attempts.has_routable(role, req.model):
+                    await self.waiting.hold(req.model, roles)  # no worker to route to: wait for one, or a 503
+                    break
             if self._pd is None:
                 response = await self._forward(request, req, "regular")
             elif req.endpoint in PD_ENDPOINTS:
@@ -144,22 +159,33 @@ class Proxy:
             m.requests.labels(req.endpoint, req.model, str(status)).inc()
             m.request_seconds.labels(req.endpoint, req.model).observe(time.perf_counter() - req.started)
 
+    def _roles(self, req: ProxyRequest) -> tuple[str, ...]:
+        """The roles a request needs a routable worker of: regular; in PD mode prefill and decode, or decode alone for
+        one routed by load (an endpoint PD mode does not split answers its 501 whatever the fleet)."""
+        if self._pd is None:
+            return ("regular",)
+        if req.endpoint in PD_ENDPOINTS:
+            return ("prefill", "decode")
+        return ("decode",) if req.by_load else ()
+
     def resolve_model(self, requested: str | None) -> str:
-        """The model key a request routes by: 404 for a model no worker serves, 503 with no workers."""
+        """The model key a request routes by: 404 for a model no worker serves and nobody declared, 503 with no
+        workers and no declarations."""
         role = "decode" if self._pd is not None else "regular"
         models = self._registry.models_of(role)
-        if not models:
+        declared = self.declarations.models()
+        if not models and not declared:
             raise NoWorkerAvailable(f"no {role} workers are registered", code="no_workers")
         if requested is not None:
             asked = requested
-            if requested not in models:  # a served name wins over an alias of the same name (a worker added later)
-                requested = self.aliases.get(requested, requested)
-            if requested in models:
+            if requested not in models and requested not in declared:  # a served name wins over an alias of the
+                requested = self.aliases.get(requested, requested)  # same name (a worker added later)
+            if requested in models or requested in declared:
                 return requested
             if None in models:  # a worker whose model is not known yet may serve it: the shared "" key, so a
                 return ""  # client-chosen name never creates a tree or a metric series of its own
             raise ModelNotFound(asked)
-        known = sorted(m for m in models if m is not None)
+        known = sorted({m for m in models if m is not None} | declared)
         if len(known) == 1:
             return known[0]
         if not known:

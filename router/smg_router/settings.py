@@ -126,6 +126,20 @@ class RetrySettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HoldSettings:
+    """Requests for a known model with no routable worker (scaled to zero, unhealthy, draining, not ready yet): how
+    long they wait for one, and how many may (``waiting``)."""
+
+    seconds: float = 0.0
+    """How long such a request waits for a worker of its model to become routable before its 503; 0: the 503 at
+    once.  A worker scaled from zero needs its pod started and its engine loaded: tens of seconds to minutes."""
+    queue_size: int = 256
+    """Requests that may wait per model (in each serving process); past it a 503 at once.  Each one holds its
+    admission slot and its body while it waits, so the bound keeps a model's backlog well inside
+    ``--max-concurrent-requests`` (1024) and ``--max-inflight-bytes``: four models at zero cannot take them all."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 30000
@@ -341,6 +355,7 @@ class Settings:
     pd: PDSettings = field(default_factory=PDSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
+    hold: HoldSettings = field(default_factory=HoldSettings)
     worker_urls: tuple[str, ...] = ()
     model_id: str | None = None
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
@@ -664,6 +679,28 @@ def build_parser() -> argparse.ArgumentParser:
         "first token included; past it a stream ends with an upstream_timeout error event (a 504 if not streaming)",
         why="room for a stream's queueing + prefill, which it includes",
     )
+    hold = HoldSettings()
+    add(
+        limits,
+        "--hold-when-empty",
+        hold.seconds,
+        type=float,
+        help="seconds a request for a known model (it has workers in any state, or was declared with PUT "
+        "/models/{model}) with no routable worker waits for one (scale from zero); past it, or at once with 0, "
+        "a 503 with Retry-After: 5 (smg_model_requests_waiting, smg_model_holds_total)",
+        why="off: a client gets today's immediate 503 unless the deployment scales to zero and says how long a cold "
+        "start takes",
+    )
+    add(
+        limits,
+        "--hold-queue-size",
+        hold.queue_size,
+        type=int,
+        help="requests that may wait per model with --hold-when-empty (in each serving process); past it a 503 "
+        "with Retry-After at once",
+        why="a quarter of --max-concurrent-requests: each held request keeps its admission slot and its body, so a "
+        "few models at zero cannot take them all",
+    )
     add(
         limits,
         "--max-retries",
@@ -956,6 +993,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--retry-budget-ratio and --retry-budget-min must not be negative")
     if not 0.0 < a.max_ejection_share <= 1.0:
         parser.error("--max-ejection-share must be above 0 and at most 1")
+    if not 0.0 <= a.hold_when_empty < 1e6:  # NaN fails this too
+        parser.error("--hold-when-empty must be 0 (off) or a positive number of seconds")
+    if a.hold_queue_size < 1:
+        parser.error("--hold-queue-size must be positive")
     if a.body_min_rate < 0:
         parser.error("--body-min-rate must be 0 (no minimum) or a positive number of bytes a second")
     if min(a.max_connection_buffer, a.max_connections, a.max_connections_per_client) < 1:
@@ -1110,6 +1151,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             budget_min=a.retry_budget_min,
             max_ejection_share=a.max_ejection_share,
         ),
+        hold=HoldSettings(seconds=a.hold_when_empty, queue_size=a.hold_queue_size),
         worker_urls=tuple(_split(" ".join(a.worker_urls))),
         model_id=a.model_id,
     )

@@ -47,6 +47,9 @@ class Lifecycle:
         self._retry = retry
         self.on_removed: Callable[[str], None] = lambda url: None
         """Told the URL of every worker removed (the router closes its idle connections to it)."""
+        self.on_change: Callable[[], None] = lambda: None
+        """Told after every add, update and status change (the requests held for a routable worker look again:
+        ``waiting``)."""
 
     def add(self, spec: WorkerSpec) -> tuple[Worker, bool]:
         """Register a worker; the same URL with the same spec is a no-op returning (existing, False)."""
@@ -91,6 +94,7 @@ class Lifecycle:
         log.info("worker %s: %s -> %s", worker.url, worker.status.value, status.value)
         worker.status = status
         self._publish_health(worker)
+        self.on_change()
 
     def set_draining(self, worker: Worker, draining: bool) -> None:
         if draining:
@@ -133,6 +137,7 @@ class Lifecycle:
         self._sync()
         self.metrics.lifecycle_events.labels(event, worker.role).inc()
         self._publish_health(worker)
+        self.on_change()
 
     def _publish_health(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.url, worker.role).set(1 if worker.status is WorkerStatus.READY else 0)

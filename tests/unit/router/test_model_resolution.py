@@ -50,3 +50,22 @@ def test_names_a_worker_of_unknown_model_may_serve_share_one_key(env: Env) -> No
 def test_no_workers_is_503(env: Env) -> None:
     with pytest.raises(NoWorkerAvailable):
         _proxy(env).resolve_model("anything")
+
+
+def test_a_declared_model_with_no_worker_is_known_and_an_undeclared_one_is_not(env: Env) -> None:
+    from smg_router.workers.declarations import Declaration
+
+    proxy = _proxy(env)
+    proxy.declarations.declare("org/cold", Declaration(owner="a", role="prefill"))
+    assert proxy.resolve_model("org/cold") == "org/cold"
+    assert proxy.resolve_model(None) == "org/cold"  # the one model this router knows
+    with pytest.raises(ModelNotFound):
+        proxy.resolve_model("warm")
+    proxy.declarations.declare("org/cold", Declaration(owner="b", role="decode"))
+    assert proxy.declarations.withdraw("org/cold", "a")
+    assert proxy.resolve_model("org/cold") == "org/cold"  # b still declares it
+    assert not proxy.declarations.withdraw("org/cold", "a")
+    assert proxy.declarations.withdraw("org/cold", "b")
+    with pytest.raises(NoWorkerAvailable) as nothing:  # no worker, no declaration: the router has nothing at all
+        proxy.resolve_model("org/cold")
+    assert nothing.value.response().headers["Retry-After"] == "5"
