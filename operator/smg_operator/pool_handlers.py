@@ -2,8 +2,9 @@
 
 Registered only with ``--inference-pools`` on (``install``, called by ``__main__``): a cluster without the
 Gateway API Inference Extension has no such resource, and an operator without the RBAC for it must not watch it.
-None of these handlers writes: no finalizer, no status, no annotation on a pool (kopf's event and index handlers
-store no progress on the object).
+The event handlers are coroutines: kopf runs plain functions in a thread, where the loop's task cannot be
+started nor its event set.  None of these handlers writes: no finalizer, no status, no annotation on a pool
+(kopf's event and index handlers store no progress on the object).
 """
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ def inferencepools_index(
     return {(namespace or "", name): pool_info(body)}
 
 
-def inferencepool_changed(memo: kopf.Memo, **kwargs: Any) -> None:
+async def inferencepool_changed(memo: kopf.Memo, **kwargs: Any) -> None:
     _sync(memo, kwargs).poke()
 
 
-def pod_changed_for_pools(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def pod_changed_for_pools(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     _sync(memo, kwargs).poke_pod(pod_info(body))
 
 
-def service_changed_for_pools(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+async def service_changed_for_pools(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     _sync(memo, kwargs).poke_service(namespace or "", name)
 
 

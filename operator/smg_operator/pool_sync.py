@@ -60,7 +60,7 @@ class PoolSync:
     poke_event: asyncio.Event = field(default_factory=asyncio.Event)
     interests: dict[Key, Interest] = field(default_factory=dict)
     problems: dict[Key, str] = field(default_factory=dict)
-    """The last problem reported per pool (reason:message): an Event only when it changes."""
+    """What was last said per pool ("reason:message", "" for fine): an Event only when it changes."""
     swept: dict[tuple[str, str], Replica] = field(default_factory=dict)
     """Replicas an earlier pass saw: swept for orphans until they hold none and no pool uses them."""
     task: asyncio.Task[None] | None = None
@@ -172,7 +172,7 @@ class PoolSync:
     async def _report(self, pool: PoolInfo, problem: PoolProblem | None) -> None:
         """A log line and a Warning Event on the pool when its problem appears or changes; a log line when it ends."""
         said = f"{problem.reason}:{problem.message}" if problem else ""
-        if self.problems.get(pool.key, "") == said:
+        if self.problems.get(pool.key) == said:
             return
         self.problems[pool.key] = said
         if problem is None:
