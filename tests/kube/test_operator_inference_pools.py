@@ -8,6 +8,7 @@ written: its status (the gateway's) and its resourceVersion stay as the test lef
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
+from support.helm_chart import render
 from support.kube import ControlPlane
-from support.operator_env import Env, leading_own_router, port_free_on, routed_env
-from support.operator_proc import SETTLE
+from support.operator_env import KEY, Env, leading_own_router, port_free_on, routed_env
+from support.operator_proc import SETTLE, OperatorProcess
 from support.procs import MODEL, next_host, start_sim, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,3 +237,58 @@ def test_a_pool_without_a_model_registers_nothing_and_gets_an_event_naming_the_a
         timeout=SETTLE,
         what="the worker of a pool that stopped naming this router gone",
     )
+
+
+def test_the_charts_epp_mode_works_with_nothing_but_the_charts_rbac(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The chart's EPP mode rendered for a namespace: its RBAC and its InferencePool applied to the real API server
+    (the pool passes the GIE CRD's schema there), and an operator holding only a token of the chart's operator
+    ServiceAccount registers the pool's pod and ports (reading pools with get/list/watch suffices: no 403)."""
+    cp = control_plane
+    install_crd(cp)
+    e = routed_env(cp, tmp_path_factory.mktemp("pools-chart"), f"pools-chart-{uuid.uuid4().hex[:4]}", replicas=1)
+    try:
+        host = next_host()
+        first = port_free_on([host])
+        ports = (first, next(p for p in iter(lambda: port_free_on([host]), None) if p != first))
+        values = {
+            "epp": {
+                "enabled": True,
+                "inferencePool": {"selector": {"app": "llama"}, "model": MODEL, "targetPorts": list(ports)},
+            },
+            "operator": {"uninstallHook": {"enabled": False}},
+        }
+        rendered = render(values, namespace=e.ns)
+        rbac_kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+        objects = [o for o in rendered.objects if o["kind"] in rbac_kinds]
+        objects += [rendered.get("Service", "smg-router-epp"), rendered.get("InferencePool", "smg")]
+        cp.apply_yaml(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}), e.ns)
+        version = cp.api("GET", pool_path(e.ns, "smg"))["metadata"]["resourceVersion"]
+        deployment = rendered.get("Deployment", "smg-operator")["spec"]["template"]["spec"]
+        chart_args = deployment["containers"][0]["args"]
+        assert chart_args[chart_args.index("--inference-pools") + 1] == "annotated"
+        token = cp.service_account_token(e.ns, deployment["serviceAccountName"])
+        for port in ports:
+            e.sims[f"llama-a:{port}"] = start_sim(e.logs, host=host, port=port)
+        cp.make_ready_pod(e.ns, "llama-a", {"app": "llama"}, host, finalizers=["smg.test/hold"])
+        e.operator = OperatorProcess(
+            e.logs,
+            cp.kubeconfig_for_token(token),
+            admin_key=KEY,
+            args=[
+                *e.operator_args(2),
+                *("--router-service", "smg-router", "--router-namespace", e.ns, "--inference-pools", "annotated"),
+            ],
+        ).start()
+        want = {f"http://{host}:{p}": (MODEL, "regular", f"{e.ns}.smg") for p in ports}
+        wait_until(lambda: registered(e, "router-0") == want, timeout=SETTLE, what="the chart's pool registered")
+        cp.mark_terminating(e.ns, "llama-a")
+        wait_until(lambda: registered(e, "router-0") == {}, timeout=SETTLE, what="its pod's workers gone")
+        cp.release_pod(e.ns, "llama-a")
+        assert cp.api("GET", pool_path(e.ns, "smg"))["metadata"]["resourceVersion"] == version
+        log = e.operator.proc.log()
+        messages = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", "", log, flags=re.M)  # a ",403" ms is no 403
+        assert "403" not in messages and "Forbidden" not in log and "forbidden" not in log, log[-3000:]
+    finally:
+        e.stop()
