@@ -55,10 +55,13 @@ class Indexes:
 
 @dataclass
 class PoolSync:
+    """The InferencePool loop and what it remembers between passes (kept in kopf's memo as ``pools``)."""
+
     rt: Runtime
     mode: str
     poke_event: asyncio.Event = field(default_factory=asyncio.Event)
     interests: dict[Key, Interest] = field(default_factory=dict)
+    """Per taken pool, what its last pass looked at (scopes the pod pokes)."""
     problems: dict[Key, str] = field(default_factory=dict)
     """What was last said per pool ("reason:message", "" for fine): an Event only when it changes."""
     swept: dict[tuple[str, str], Replica] = field(default_factory=dict)
@@ -128,9 +131,10 @@ class PoolSync:
                 router_selector=services.get(router),
                 router_pods=frozenset((r.namespace, r.pod) for r in found),
             )
+        for key in [k for k in self.interests if k not in interests]:  # no longer taken: forget what we said of it
+            self.problems.pop(key, None)
+            self.rt.metrics.forget_pool(f"{key[0]}/{key[1]}")
         self.interests = interests
-        for key in [k for k in self.problems if k not in interests]:
-            del self.problems[key]
         if s.router_namespace:  # the router's replicas even with no pool left (one deleted while we were down)
             own, _ = find_replicas(
                 self.rt,
@@ -156,6 +160,8 @@ class PoolSync:
         results = await asyncio.gather(
             *(sync_replica(self.rt, r, desired, uid=pool.uid, drain=DRAIN) for r in replicas)
         )
+        everywhere = frozenset.intersection(*(r.registered for r, _ in results)) if results else frozenset()
+        self.rt.metrics.pool_workers.labels(f"{pool.namespace}/{pool.name}").set(len(everywhere))
         for result, conflicts in results:
             if result.error:
                 log.warning("InferencePool %s/%s on %s: %s", pool.namespace, pool.name, result.pod, result.error)

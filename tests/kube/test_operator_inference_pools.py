@@ -20,7 +20,7 @@ from support.helm_chart import render
 from support.kube import ControlPlane
 from support.operator_env import KEY, Env, leading_own_router, port_free_on, routed_env
 from support.operator_proc import SETTLE, OperatorProcess
-from support.procs import MODEL, next_host, start_sim, wait_until
+from support.procs import MODEL, metric_value, next_host, start_sim, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "tests/data/crds/inference.networking.k8s.io_inferencepools.yaml"
@@ -153,6 +153,12 @@ def test_a_pool_is_its_ready_pods_times_its_target_ports_on_every_replica_and_it
     on_every_replica(e, want, "2 pods x 2 target ports on both replicas")
     for r in REPLICAS:
         e.routers[r].wait_routable(4)
+    gauge = {"inferencepool": f"{e.ns}/llama"}
+    wait_until(
+        lambda: metric_value(operator.metrics(), "smg_operator_inferencepool_workers", **gauge) == 4,
+        timeout=SETTLE,
+        what="smg_operator_inferencepool_workers 4",
+    )
 
     # a pod turning unready takes both its ranks off every replica; ready again brings them back
     cp.set_pod_ready(e.ns, "llama-a", False)
@@ -178,6 +184,7 @@ def test_a_pool_is_its_ready_pods_times_its_target_ports_on_every_replica_and_it
     # the pool goes: all its workers leave every replica
     cp.api("DELETE", pool_path(e.ns, "llama"))
     on_every_replica(e, {}, "the deleted pool's workers gone from both replicas")
+    assert f'inferencepool="{e.ns}/llama"' not in operator.metrics()  # its series goes with it
 
 
 def test_a_pool_without_a_model_registers_nothing_and_gets_an_event_naming_the_annotation(env: Env) -> None:
