@@ -166,6 +166,12 @@ def test_epp_mode_lints_for_old_and_recent_kubernetes() -> None:
         assert not lint(EPP, kube_version=kube_version)
 
 
+def test_the_notes_say_where_the_gateway_asks(epp: Rendered) -> None:
+    assert "smg-router-epp.smg.svc:9002" in epp.notes
+    assert "InferencePool smg" in epp.notes and "HTTPRoute smg" in epp.notes
+    assert "EPP mode" not in render({}).notes
+
+
 def test_the_network_policy_opens_the_epp_ports_to_the_gateway() -> None:
     def epp_rule(r: Rendered) -> dict[str, Any]:
         policy = r.get("NetworkPolicy", "smg-router")

@@ -174,6 +174,18 @@ def test_a_pool_is_its_ready_pods_times_its_target_ports_on_every_replica_and_it
     cp.release_pod(e.ns, "llama-b")
     on_every_replica(e, a_only, "the deleted pod stays gone")
 
+    # a spec change is followed: one target port left, one worker left
+    patched = cp.api(
+        "PATCH",
+        pool_path(e.ns, "llama"),
+        {"spec": {"targetPorts": [{"number": ports[0]}]}},
+        content_type="application/merge-patch+json",
+    )
+    version = patched["metadata"]["resourceVersion"]  # the test's own write; the operator's would move it again
+    on_every_replica(
+        e, {f"http://{hosts['llama-a']}:{ports[0]}": want[f"http://{hosts['llama-a']}:{ports[0]}"]}, "one port left"
+    )
+
     # the pool was only read: no status write, no finalizer, no annotation (any write bumps resourceVersion)
     now = cp.api("GET", pool_path(e.ns, "llama"))
     assert now["metadata"]["resourceVersion"] == version
