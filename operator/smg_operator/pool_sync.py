@@ -116,10 +116,12 @@ class PoolSync:
         services = {key: next(iter(store), None) for key, store in indexes.services.items()}
         replicas: dict[tuple[str, str], Replica] = {}
         interests: dict[Key, Interest] = {}
+        routers_found = True
         for pool in taken:
             namespaces = {pool.namespace, s.router_namespace or pool.namespace}
             pods = [p for ns in namespaces for p in indexes.pods.get(ns, ())]
-            found = await self._sync_pool(pool, pods=pods, services=services)
+            found, router_found = await self._sync_pool(pool, pods=pods, services=services)
+            routers_found = routers_found and router_found
             for r in found:
                 replicas[(r.namespace, r.pod)] = r
             router = (s.router_namespace or pool.namespace, s.router_service or "")
@@ -145,11 +147,20 @@ class PoolSync:
             )
             self.swept.update({(r.namespace, r.pod): r for r in own})
         self.swept.update(replicas)
-        await self._sweep(keep={p.uid for p in taken}, current=replicas)
+        running = {
+            (p.namespace, p.name)
+            for ns in {r.namespace for r in self.swept.values()}
+            for p in indexes.pods.get(ns, ())
+            if p.running and not p.terminating
+        }
+        for gone in [key for key in self.swept if key not in running]:  # a router gone held its registry in memory
+            del self.swept[gone]
+        await self._sweep(keep={p.uid for p in taken}, current=replicas, strip=routers_found)
 
     async def _sync_pool(
         self, pool: PoolInfo, *, pods: list[PodInfo], services: Mapping[Key, Mapping[str, str] | None]
-    ) -> list[Replica]:
+    ) -> tuple[list[Replica], bool]:
+        """One pool on each replica of its router; those replicas, and whether its router was found."""
         desired, problem = pool_desired(pool, pods)
         replicas, router_problem = find_replicas(
             self.rt, namespace=pool.namespace, spec={}, pods=pods, services=services
@@ -173,7 +184,7 @@ class PoolSync:
                     url,
                     result.pod,
                 )
-        return replicas
+        return replicas, router_problem is None
 
     async def _report(self, pool: PoolInfo, problem: PoolProblem | None) -> None:
         """A log line and a Warning Event on the pool when its problem appears or changes; a log line when it ends."""
@@ -196,13 +207,22 @@ class PoolSync:
             api_version=f"{POOL_GROUP}/{POOL_VERSION}",
         )
 
-    async def _sweep(self, *, keep: set[str], current: Mapping[tuple[str, str], Replica]) -> None:
-        """Remove the workers of pools no longer taken from every replica seen; forget a replica that holds none
-        and serves no pool any more (or cannot be reached and is no longer a router)."""
+    async def _sweep(self, *, keep: set[str], current: Mapping[tuple[str, str], Replica], strip: bool) -> None:
+        """Remove the workers of pools no longer taken from every replica seen, and with ``strip`` every pool worker
+        from a replica that is no router of a taken pool any more (the Service stopped selecting it, or the router
+        moved); forget a replica that holds none and is no such router (or cannot be reached and is not one).
+
+        ``strip`` only when every taken pool found its router: a router Service missing for a moment must not strip
+        the workers from replicas that still serve them (as ``reconciler.clean_stale`` does for SMGWorkers)."""
         replicas = list(self.swept.values())
-        outcomes = await asyncio.gather(*(self._sweep_replica(r, keep=keep) for r in replicas))
+        outcomes = await asyncio.gather(
+            *(
+                self._sweep_replica(r, keep=keep if (r.namespace, r.pod) in current or not strip else set())
+                for r in replicas
+            )
+        )
         for r, clean in zip(replicas, outcomes, strict=True):
-            if clean and (r.namespace, r.pod) not in current:
+            if clean and strip and (r.namespace, r.pod) not in current:  # without strip, kept for a later pass
                 del self.swept[(r.namespace, r.pod)]
 
     async def _sweep_replica(self, replica: Replica, *, keep: set[str]) -> bool:
