@@ -21,13 +21,14 @@ from smg_operator.pool_sync import Indexes, PoolSync
 _installed: set[int] = set()
 
 
-def _sync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> PoolSync:
-    """The loop (kept in kopf's memo by ``__main__``), started on the first event: kopf calls event handlers
-    only once every index is filled."""
-    sync: PoolSync = memo.pools
-    sync.start(
-        Indexes(pools=kwargs["inferencepools_index"], pods=kwargs["pods_index"], services=kwargs["services_index"])
-    )
+def _sync(memo: kopf.Memo, kwargs: Mapping[str, Any]) -> PoolSync | None:
+    """The loop (kept in kopf's memo by ``__main__``; None when this run has the source off), started on the first
+    event: kopf calls event handlers only once every index is filled."""
+    sync: PoolSync | None = getattr(memo, "pools", None)
+    if sync is not None:
+        sync.start(
+            Indexes(pools=kwargs["inferencepools_index"], pods=kwargs["pods_index"], services=kwargs["services_index"])
+        )
     return sync
 
 
@@ -38,15 +39,18 @@ def inferencepools_index(
 
 
 async def inferencepool_changed(memo: kopf.Memo, **kwargs: Any) -> None:
-    _sync(memo, kwargs).poke()
+    if (sync := _sync(memo, kwargs)) is not None:
+        sync.poke()
 
 
 async def pod_changed_for_pools(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    _sync(memo, kwargs).poke_pod(pod_info(body))
+    if (sync := _sync(memo, kwargs)) is not None:
+        sync.poke_pod(pod_info(body))
 
 
 async def service_changed_for_pools(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    _sync(memo, kwargs).poke_service(namespace or "", name)
+    if (sync := _sync(memo, kwargs)) is not None:
+        sync.poke_service(namespace or "", name)
 
 
 def install(registry: kopf.OperatorRegistry) -> None:
