@@ -117,10 +117,15 @@ class PoolSync:
         replicas: dict[tuple[str, str], Replica] = {}
         interests: dict[Key, Interest] = {}
         routers_found = True
-        for pool in taken:
+
+        def pods_of(pool: PoolInfo) -> list[PodInfo]:  # its namespace's, and its router's
             namespaces = {pool.namespace, s.router_namespace or pool.namespace}
-            pods = [p for ns in namespaces for p in indexes.pods.get(ns, ())]
-            found, router_found = await self._sync_pool(pool, pods=pods, services=services)
+            return [p for ns in namespaces for p in indexes.pods.get(ns, ())]
+
+        outcomes = await asyncio.gather(  # the pools side by side, as SMGWorkers' loops run
+            *(self._sync_pool(pool, pods=pods_of(pool), services=services) for pool in taken)
+        )
+        for pool, (found, router_found) in zip(taken, outcomes, strict=True):
             routers_found = routers_found and router_found
             for r in found:
                 replicas[(r.namespace, r.pod)] = r
