@@ -25,9 +25,12 @@ from kopf._core.engines import peering as kopf_peering  # Identity: the type of 
 from smg_operator import (
     handlers,  # noqa: F401 - registers the kopf handlers
     k8s,
+    pool_handlers,
 )
+from smg_operator.inference_pools import POOL_GROUP, POOL_PLURAL, POOL_VERSION
 from smg_operator.leadership import Elector, Gate, LeaseTiming
 from smg_operator.metrics import CONTENT_TYPE, OperatorMetrics
+from smg_operator.pool_sync import PoolSync
 from smg_operator.reconciler import Runtime
 from smg_operator.routers import RouterClient
 from smg_operator.settings import OperatorSettings, parse_settings
@@ -107,6 +110,7 @@ async def run(settings: OperatorSettings) -> int:
     elector = _elector(settings, name) if settings.leader_election else None
     keeper: asyncio.Task[None] | None = None
     rt: Runtime | None = None
+    pools: PoolSync | None = None
     lost: list[str] = []
 
     def on_lost(reason: str) -> None:
@@ -140,6 +144,7 @@ async def run(settings: OperatorSettings) -> int:
                     gate=gate,
                 ),
             )
+            pools = await _pool_source(settings, rt)
             log.info(
                 "smg-operator watching %s (reconcile every %gs, default router %s)",
                 ", ".join(settings.namespaces) or "all namespaces",
@@ -154,11 +159,13 @@ async def run(settings: OperatorSettings) -> int:
                 standalone=True,
                 identity=kopf_identity(name),
                 settings=_kopf_settings(settings),
-                memo=kopf.Memo(runtime=rt),
+                memo=kopf.Memo(runtime=rt, pools=pools),
                 ready_flag=ready,
                 stop_flag=stop if settings.leader_election else None,
             )
         finally:
+            if pools is not None:
+                await pools.stop()
             if rt is not None:
                 await rt.close()  # drains in flight end with the session they use
             if keeper is not None:
@@ -178,6 +185,32 @@ async def run(settings: OperatorSettings) -> int:
         )
         return LOST
     return 0
+
+
+async def _pool_source(settings: OperatorSettings, rt: Runtime) -> PoolSync | None:
+    """The InferencePool source when ``--inference-pools`` is on: its handlers registered, its loop (started by
+    the first event).  A missing CRD is a log line, not a failure: kopf starts watching once the CRD appears."""
+    if settings.inference_pools == "off":
+        return None
+    pool_handlers.install(kopf.get_default_registry())
+    resource = f"{POOL_PLURAL}.{POOL_GROUP}/{POOL_VERSION}"
+    try:
+        present = await asyncio.to_thread(
+            k8s.served, POOL_GROUP, POOL_VERSION, POOL_PLURAL, timeout=settings.kube_request_timeout
+        )
+    except Exception as e:  # discovery is advice here: kopf's own discovery decides what is watched
+        log.warning("InferencePool source: could not check for %s: %s", resource, e)
+    else:
+        if present:
+            log.info("InferencePool source on (%s pools): watching %s", settings.inference_pools, resource)
+        else:
+            log.warning(
+                "InferencePool source on, but the API server does not serve %s (the Gateway API Inference "
+                "Extension CRD is not installed): no pool is registered until it is; the operator keeps running "
+                "and starts watching pools when the CRD appears",
+                resource,
+            )
+    return PoolSync(rt=rt, mode=settings.inference_pools)
 
 
 def kopf_identity(name: str) -> kopf_peering.Identity:

@@ -44,6 +44,17 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def served(group: str, version: str, plural: str, *, timeout: float) -> bool:
+    """Whether the API server serves ``plural`` in ``group/version`` (discovery; a missing CRD is False)."""
+    try:
+        found = client.CustomObjectsApi().get_api_resources(group, version, _request_timeout=timeout)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return any(r.name == plural for r in found.resources or [])
+
+
 class KubeWrites:
     """The reconciler's Kubernetes writes (``reconciler.Kube``): through ``gate``, each within ``timeout`` s."""
 
@@ -77,14 +88,25 @@ class KubeWrites:
             raise
         return True
 
-    async def post_event(self, *, namespace: str, name: str, uid: str, type: str, reason: str, message: str) -> None:
-        """A core/v1 Event about an SMGWorker.  API failures are logged, never raised (events are best effort);
-        a closed gate raises ``GateClosed`` like every other refused write."""
+    async def post_event(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        type: str,
+        reason: str,
+        message: str,
+        kind: str = "SMGWorker",
+        api_version: str = f"{GROUP}/{VERSION}",
+    ) -> None:
+        """A core/v1 Event about an SMGWorker (or another object: an InferencePool).  API failures are logged,
+        never raised (events are best effort); a closed gate raises ``GateClosed`` like every other refused write."""
         now = datetime.datetime.now(datetime.UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
             involved_object=client.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}", kind="SMGWorker", name=name, namespace=namespace, uid=uid
+                api_version=api_version, kind=kind, name=name, namespace=namespace, uid=uid
             ),
             type=type,
             reason=reason,

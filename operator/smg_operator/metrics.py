@@ -24,6 +24,17 @@ class OperatorMetrics:
             registry=r,
         )
 
+        self.pool_workers = Gauge(
+            "smg_operator_inferencepool_workers",
+            "Workers of an InferencePool (ready pods x target ports) registered on every router replica",
+            ("inferencepool",),
+            registry=r,
+        )
+
+    def forget_pool(self, inferencepool: str) -> None:
+        with contextlib.suppress(KeyError):
+            self.pool_workers.remove(inferencepool)
+
     def forget(self, smgworker: str) -> None:
         with contextlib.suppress(KeyError):
             self.registered.remove(smgworker)

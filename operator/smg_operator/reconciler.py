@@ -64,8 +64,18 @@ class Kube(Protocol):
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool: ...
 
     async def post_event(
-        self, *, namespace: str, name: str, uid: str, type: str, reason: str, message: str
-    ) -> None: ...
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        type: str,
+        reason: str,
+        message: str,
+        kind: str = ...,
+        api_version: str = ...,
+    ) -> None:
+        """An Event about an SMGWorker, or the object ``kind``/``api_version`` names (an InferencePool)."""
 
 
 class Stopping(Protocol):

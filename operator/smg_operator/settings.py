@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from smg_operator.inference_pools import MODES
 from smg_operator.leadership import LeaseTiming
 from smg_operator.tenancy import (
     DEFAULT_ENDPOINT_RULES,
@@ -57,6 +58,10 @@ class OperatorSettings:
     default router alone (--router-service in router_namespace); empty refuses every router."""
     allowed_endpoints: EndpointAllowList = DEFAULT_ENDPOINTS
     """What static spec.endpoints may name: --allowed-endpoint, else tenancy.DEFAULT_ENDPOINT_RULES."""
+    # -- the InferencePool source (inference_pools.py, pool_sync.py)
+    inference_pools: str = "off"
+    """Which InferencePools (inference.networking.k8s.io/v1) become workers of the default router: ``off`` (none;
+    the CRD may be absent), ``annotated`` (those annotated smg.dev/router: <router_service>) or ``all``."""
 
 
 def _env(flag: str, default: str) -> str:
@@ -116,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--router-timeout", type=float, default=float(_env("router-timeout", "5")))
     p.add_argument("--log-level", default=_env("log-level", "info"))
+    p.add_argument(
+        "--inference-pools",
+        choices=MODES,
+        default=_env("inference-pools", "off"),
+        help="register the READY pods x targetPorts of Gateway API Inference Extension InferencePools on every "
+        "replica of --router-service: 'annotated' takes the pools annotated smg.dev/router: <--router-service>, "
+        "'all' every pool in the watched namespaces; the model comes from the pool's smg.dev/model annotation "
+        "(default: off; needs get/list/watch on inferencepools)",
+    )
     _leadership_flags(p)
     _tenancy_flags(p)
     return p
@@ -125,6 +139,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
     p = build_parser()
     ns_env = _env("namespace", "")
     a = p.parse_args(argv)
+    if a.inference_pools not in MODES:  # from the environment: argparse checks choices on the command line only
+        p.error(f"--inference-pools must be one of {', '.join(MODES)}, not {a.inference_pools!r}")
+    if a.inference_pools != "off" and not a.router_service:
+        p.error("--inference-pools needs --router-service: a pool's workers go to the operator's own router")
     if a.reconcile_interval <= 0:
         p.error("--reconcile-interval must be positive")
     namespaces = tuple(a.namespace or [n.strip() for n in ns_env.split(",") if n.strip()])
@@ -154,6 +172,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> OperatorSettings:
         kube_request_timeout=a.kube_request_timeout,
         allowed_router_services=allowed_routers,
         allowed_endpoints=allowed_endpoints,
+        inference_pools=a.inference_pools,
     )
 
 

@@ -4,9 +4,11 @@ The calls (the operator's fixed interface): pods and services get/list/watch; sm
 patch/update, smgworkers/status get/patch/update, smgworkers/finalizers update; events create/patch (core
 and events.k8s.io); leases get/update/patch of the Lease smg-operator alone (resourceNames) and create (which
 Kubernetes cannot scope to a name) only with leader election; and for kopf's discovery, even
-when it watches one namespace, customresourcedefinitions and namespaces list/watch (cluster-scoped).
-The pre-delete hook ``smg-operator-uninstall`` runs under a ServiceAccount of its own: smgworkers list/delete in
-the release namespace, and nothing else.
+when it watches one namespace, customresourcedefinitions and namespaces list/watch (cluster-scoped); with the
+InferencePool source on (operator.inferencePools.enabled, or epp.enabled rendering a pool), inferencepools
+get/list/watch (read only: the pool and its status are the gateway's).  The pre-delete hook
+``smg-operator-uninstall`` runs under a ServiceAccount of its own: smgworkers list/delete in the release
+namespace, and nothing else.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ LEASES = grants(
     ("coordination.k8s.io", "leases:smg-operator", "get update patch"),  # smg_operator.k8s.LeaseStore's one Lease
     ("coordination.k8s.io", "leases", "create"),
 )
+POOLS = grants(("inference.networking.k8s.io", "inferencepools", "get list watch"))
 UNINSTALL = grants(("smg.dev", "smgworkers", "list delete"))
 OPERATOR_SA = {"kind": "ServiceAccount", "name": "smg-operator", "namespace": NAMESPACE}
 UNINSTALL_SA = {"kind": "ServiceAccount", "name": "smg-operator-uninstall", "namespace": NAMESPACE}
@@ -136,13 +139,34 @@ def test_watched_namespaces_get_a_role_each_and_the_router_namespace_too() -> No
     assert watched == ["team-a", "team-b"]
 
 
+POOL_SOURCE = {"operator": {"inferencePools": {"enabled": True}}}
+EPP = {"epp": {"enabled": True, "inferencePool": {"selector": {"app": "llama"}, "model": "m"}}}
+
+
+@pytest.mark.parametrize("values", [POOL_SOURCE, EPP], ids=["inferencePools", "epp"])
+def test_the_pool_source_adds_read_only_inferencepools_where_the_operator_watches(values: dict) -> None:
+    assert bound_grants(render(values)) == {
+        ("namespace", NAMESPACE): NAMESPACED | POOLS,
+        ("cluster", ""): DISCOVERY,
+    }
+    wide = render({**values, "operator": {**values.get("operator", {}), "clusterWide": True}})
+    assert bound_grants(wide) == {("cluster", ""): NAMESPACED | DISCOVERY | POOLS}
+    own_pool = {"epp": {"enabled": True, "inferencePool": {"create": False}}}  # a pool of yours, not taken
+    assert bound_grants(render(own_pool)) == bound_grants(render())
+
+
 def test_union_of_grants_is_exactly_the_operator_calls() -> None:
     """Over every mode, nothing is granted that is not in the operator's list of calls."""
     everything: set[Grant] = set()
-    for values in ({}, {"operator": {"replicas": 2}}, {"operator": {"clusterWide": True, "replicas": 2}}):
+    for values in (
+        {},
+        {"operator": {"replicas": 2}},
+        {"operator": {"clusterWide": True, "replicas": 2}},
+        {"operator": {"clusterWide": True, "replicas": 2, "inferencePools": {"enabled": True}}},
+    ):
         for granted in bound_grants(render(values)).values():
             everything |= granted
-    assert everything == NAMESPACED | DISCOVERY | LEASES
+    assert everything == NAMESPACED | DISCOVERY | LEASES | POOLS
 
 
 @pytest.mark.parametrize("values", [{}, {"operator": {"clusterWide": True, "replicas": 2}}])

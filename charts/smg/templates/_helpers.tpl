@@ -243,6 +243,27 @@ policy/v1beta1
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+{{- if include "smg.inferencePools" . }}
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch]  # read only: a pool and its status belong to the gateway
+{{- end }}
+{{- end }}
+
+{{/* "true" when the operator takes InferencePools: operator.inferencePools.enabled, or the chart renders one. */}}
+{{- define "smg.inferencePools" -}}
+{{- $o := .Values.operator -}}
+{{- if and $o.enabled (or $o.inferencePools.enabled (and .Values.epp.enabled .Values.epp.inferencePool.create)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{- define "smg.inferencePoolName" -}}
+{{- default (include "smg.fullname" .) .Values.epp.inferencePool.name -}}
+{{- end }}
+
+{{- define "smg.eppServiceName" -}}
+{{- printf "%s-epp" (include "smg.routerName" .) -}}
 {{- end }}
 
 {{/* Router Services the operator may target: this release's router and operator.allowedRouterServices. */}}
@@ -279,6 +300,25 @@ policy/v1beta1
 {{- if ne (len $ports) (len (uniq $ports)) }}
 {{- fail "sim.kvEvents.port and sim.kvEvents.replayPort must differ from each other, sim.port and sim.pd.bootstrapPort" }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.epp }}
+{{- if .enabled }}
+{{- $ports := list (int $.Values.router.port) (int $.Values.router.adminPort) (int .port) (int .healthPort) }}
+{{- if ne (len $ports) (len (uniq $ports)) }}
+{{- fail "epp.port and epp.healthPort must differ from each other, router.port and router.adminPort" }}
+{{- end }}
+{{- if and .inferencePool.create (not .inferencePool.selector) }}
+{{- fail "epp.inferencePool.create needs epp.inferencePool.selector (the matchLabels of the model-server pods)" }}
+{{- end }}
+{{- if and .inferencePool.create (not .inferencePool.model) }}
+{{- fail "epp.inferencePool.create needs epp.inferencePool.model (its smg.dev/model annotation: the operator registers nothing without it)" }}
+{{- end }}
+{{- if and .httpRoute.enabled (not .httpRoute.parentRefs) }}
+{{- fail "epp.httpRoute.enabled needs epp.httpRoute.parentRefs (the Gateway to attach to)" }}
+{{- end }}
+{{- else if .httpRoute.enabled }}
+{{- fail "epp.httpRoute.enabled needs epp.enabled" }}
 {{- end }}
 {{- end }}
 {{- if and .Values.sim.enabled .Values.router.pd.enabled (not .Values.sim.pd.enabled) }}
