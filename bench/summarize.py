@@ -1,7 +1,7 @@
 """The small summary of a benchmark result that the repository keeps (``bench/summaries/``).
 
 Usage:  python bench/summarize.py KIND RESULT.json [RESULT.json ...] > bench/summaries/NAME.json
-(KIND: proxy, routing, llamacpp, compare or soak)
+(KIND: proxy, epp, routing, llamacpp, compare or soak)
 
 A benchmark writes its whole result to ``bench/out/`` (ignored by git): every repetition, every worker's samples.
 ``docs/benchmarks.md`` quotes a few figures of the latest run; the summary keeps exactly the figures a reader needs
@@ -127,14 +127,14 @@ def soak(doc: dict[str, Any]) -> dict[str, Any]:
     return {**_run(doc), "rows": [{k: doc[k] for k in SOAK_KEYS if k in doc}]}
 
 
-KINDS = {"proxy": proxy, "routing": routing, "llamacpp": routing, "compare": compare, "soak": soak}
+KINDS = {"proxy": proxy, "epp": proxy, "routing": routing, "llamacpp": routing, "compare": compare, "soak": soak}
 
 
 def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     parts = [KINDS[kind](d) for d in docs]
     if len(parts) == 1:
         return parts[0]
-    key = "cells" if kind == "proxy" else "rows"
+    key = "cells" if kind in ("proxy", "epp") else "rows"
     runs = [{k: v for k, v in p.items() if k != key} for p in parts]
     return {"runs": runs, key: [{"run": i, **r} for i, p in enumerate(parts) for r in p[key]]}
 
