@@ -63,6 +63,7 @@ class Proxy:
         holds: Holds | None = None,
         peers: Peers = NO_PEERS,
         tokenizers: Mapping[str, Tokenizer] | None = None,
+        chars_per_token: float = 3.0,
     ) -> None:
         self._registry = registry
         self._tokenizers: Mapping[str, Tokenizer] = tokenizers or {}
@@ -85,6 +86,7 @@ class Proxy:
             holds=holds,
             peers=peers,
             max_ejection_share=retry.max_ejection_share,
+            chars_per_token=chars_per_token,
         )
         self.holds = self._attempts.holds
         """The bursts waiting for their first prefill (``coordination.Holds``); the peers' leads go in too
