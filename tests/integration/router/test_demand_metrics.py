@@ -61,8 +61,9 @@ async def _check_rise_and_fall(router: Router, engines: list[Sim]) -> None:
         # the engines run 2 each and hold the rest: 6 running + waiting over 4 slots
         await asyncio.to_thread(
             wait_until,
-            lambda: sum(metric_value(router.metrics(), "smg_worker_backend_load", worker=s.url) for s in engines)
-            == FLOOD,
+            lambda: (
+                sum(metric_value(router.metrics(), "smg_worker_backend_load", worker=s.url) for s in engines) == FLOOD
+            ),
             what="the polls to find the flood on the engines",
         )
         assert _gauge(router, "smg_model_saturation", **regular) == FLOOD / (2 * SLOTS)
