@@ -16,7 +16,7 @@ from support.helm_chart import CHART, EXAMPLES, REPO, Rendered, example_values, 
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-CUSTOM_KINDS = {"SMGWorker", "ServiceMonitor", "PrometheusRule"}
+CUSTOM_KINDS = {"SMGWorker", "ServiceMonitor", "PrometheusRule", "ScaledObject"}  # ScaledObject: test_chart_keda.py
 KUBE_VERSIONS = ["1.25", "1.30", "1.36"]
 
 CONFIGS = {
