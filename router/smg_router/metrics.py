@@ -311,7 +311,8 @@ class _DemandCollector:
         labels = ("model", "role")
         inflight = GaugeMetricFamily(
             "smg_model_requests_inflight",
-            "Requests this router has in flight to the workers of the model and role (held ones included)",
+            "Requests this router has in flight to the workers of the model and role (those held behind a first "
+            "prefill included; not those waiting for a worker, smg_model_requests_waiting)",
             labels=labels,
         )
         tokens = GaugeMetricFamily(
