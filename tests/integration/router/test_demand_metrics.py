@@ -4,11 +4,13 @@ load driven through the router and fall when it ends, in one process and with ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from support.load import flood
 from support.procs import MODEL, Router, Sim, metric_value, start_router, start_sim, wait_until
@@ -114,5 +116,26 @@ async def test_an_engine_gone_down_leaves_its_model_without_routable_workers(log
         await _wait_gauge(router, "smg_model_workers", 1, **regular, state="unroutable")
         assert _gauge(router, "smg_model_workers", **regular, state="routable") == 0
         assert _gauge(router, "smg_model_saturation", **regular) == 0.0  # no backlog anywhere: idle, not full
+    finally:
+        router.stop()
+
+
+async def test_a_prompt_whose_tokens_the_router_knows_counts_them(logs: Path, engines: list[Sim]) -> None:
+    router = start_router(logs, workers=[engines[0].url])
+    ids = ",".join(str(i) for i in range(1000, 1050))  # 50 ids from a gateway that tokenized the prompt
+    body = {"model": MODEL, "prompt": "x" * 3000, "max_tokens": 3000}  # 1000 tokens by its chars: not counted
+    try:
+        router.wait_routable(1)
+        async with aiohttp.ClientSession() as s:
+            sent = asyncio.create_task(
+                s.post(router.url + "/v1/completions", json=body, headers={"x-smg-routing-tokens": ids})
+            )
+            regular = {"model": MODEL, "role": "regular"}
+            await _wait_gauge(router, "smg_model_requests_inflight", 1, **regular)
+            assert _gauge(router, "smg_model_prompt_tokens_inflight", **regular) == 50
+            sent.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sent
+        await _wait_gauge(router, "smg_model_prompt_tokens_inflight", 0, **regular)
     finally:
         router.stop()
