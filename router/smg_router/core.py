@@ -12,7 +12,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +30,7 @@ from smg_router.request import FORWARD_REQUEST_HEADERS, Admission
 from smg_router.settings import Settings
 from smg_router.tree import share_budget
 from smg_router.upstream import ResponseLimits, Timeouts, Upstream
+from smg_router.workers.demand import ModelDemand, demand_rows
 from smg_router.workers.load import LoadView
 from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import WorkerSpec, WorkerStatus, normalize_url
@@ -77,6 +78,7 @@ class RouterCore:
         self.policies = PolicyRegistry(factory, settings.policy)
         self.metrics.add_tree_size_source(self.policies.tree_sizes)
         self.metrics.add_tree_bytes_source(self.policies.tree_bytes)
+        self.metrics.add_demand_source(self._demand)
         self.fleet = Fleet(
             settings=settings,
             registry=self.registry,
@@ -120,6 +122,7 @@ class RouterCore:
             routing=settings.routing,  # session key header, model aliases
             peers=told,  # told every cache-aware route
             tokenizers=self.tokenizers,  # the prompts whose token ids KV events are matched on
+            chars_per_token=settings.policy.tree_chars_per_token,  # prompts counted in tokens (demand metrics)
             holds=Holds(  # a burst on a new prefix waits for its first prefill
                 seconds=settings.policy.prefill_hold_seconds,
                 metrics=self.metrics,
@@ -178,6 +181,9 @@ class RouterCore:
             return bool(routable) or holding, detail
         by_role = {role: sum(w.role == role for w in routable) for role in ("prefill", "decode")}
         return all(by_role.values()) or holding, {**detail, **{f"routable_{r}": n for r, n in by_role.items()}}
+
+    def _demand(self) -> Iterator[tuple[str, str, ModelDemand]]:
+        return demand_rows(self.registry, self.loads, now=time.monotonic())
 
     def _kv_index_bytes(self) -> list[tuple[str, int]]:
         return [(model, blocks.estimated_bytes()) for model, blocks in self.events.models().items()]

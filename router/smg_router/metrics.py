@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -29,6 +29,8 @@ TreeSizeSource = Callable[[], Iterable[tuple[str, str, str, int]]]
 """Yields (model, role, worker, chars) for every tenant of every tree."""
 TreeBytesSource = Callable[[], Iterable[tuple[str, str, int]]]
 """Yields (model, role, estimated bytes) for every (model, policy slot) holding trees."""
+DemandSource = Callable[[], Iterable[tuple[str, str, "Demand"]]]
+"""Yields (model, role, its demand) for every (model, role) with a registered worker."""
 
 # Our families never yield *_created; this keeps prometheus_client's own metrics in the process (the test's
 # reference) the same.  Untyped in prometheus_client.
@@ -282,6 +284,64 @@ class _TreeBytesCollector:
         for model, role, n in self._source():
             family.add_metric((model, role), n)
         yield family
+
+
+class Demand(Protocol):
+    """What the demand gauges read of one (model, role) (``workers.demand.ModelDemand``)."""
+
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def saturation(self) -> float | None: ...
+    @property
+    def routable(self) -> int: ...
+    @property
+    def unroutable(self) -> int: ...
+
+
+class _DemandCollector:
+    """The autoscaling signals per model and role (docs/autoscaling.md), read at scrape time from ``source``."""
+
+    def __init__(self, source: DemandSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = ("model", "role")
+        inflight = GaugeMetricFamily(
+            "smg_model_requests_inflight",
+            "Requests this router has in flight to the workers of the model and role (those held behind a first "
+            "prefill included; not those waiting for a worker, smg_model_requests_waiting)",
+            labels=labels,
+        )
+        tokens = GaugeMetricFamily(
+            "smg_model_prompt_tokens_inflight",
+            "Prompt tokens of those requests: counted where the router knows them (--tokenizer, token prompts), "
+            "else the prompt's chars over --tree-chars-per-token, rounded up",
+            labels=labels,
+        )
+        saturation = GaugeMetricFamily(
+            "smg_model_saturation",
+            "Backlog over capacity, 0..1+: the routable workers' running + waiting requests (their engines' polled "
+            "figures, else this router's in-flight) over their engines' running slots; 1 with a backlog and no "
+            "routable worker; no sample while no routable worker's slots are known",
+            labels=labels,
+        )
+        workers = GaugeMetricFamily(
+            "smg_model_workers",
+            "Registered workers of the model and role, by state: routable (ready, breaker closed) or unroutable",
+            labels=(*labels, "state"),
+        )
+        for model, role, d in self._source():
+            inflight.add_metric((model, role), d.inflight)
+            tokens.add_metric((model, role), d.prompt_tokens)
+            value = d.saturation
+            if value is not None:
+                saturation.add_metric((model, role), value)
+            workers.add_metric((model, role, "routable"), d.routable)
+            workers.add_metric((model, role, "unroutable"), d.unroutable)
+        yield from (inflight, tokens, saturation, workers)
 
 
 class _ScrapeGauge:
@@ -568,6 +628,11 @@ class Metrics:
             )
         )
 
+    def add_demand_source(self, source: DemandSource) -> None:
+        """The autoscaling signals: ``smg_model_requests_inflight``, ``smg_model_prompt_tokens_inflight``,
+        ``smg_model_saturation``, ``smg_model_workers`` (docs/autoscaling.md)."""
+        self.registry.register(_DemandCollector(source))
+
     def add_peers_in_sync_source(self, source: Callable[[], float | None]) -> None:
         self.registry.register(
             _ScrapeGauge(
@@ -606,6 +671,13 @@ GAUGE_MERGE: dict[str, Callable[[float, float], float]] = {
     "smg_kv_events_synced": min,  # routed on its events in every process
     "smg_peers_in_sync": min,  # in sync in every process
     "smg_model_requests_waiting": lambda a, b: a + b,  # each process holds its own clients' requests: the pod's
+    "smg_model_requests_inflight": lambda a, b: a + b,  # each process's own requests: the pod's
+    "smg_model_prompt_tokens_inflight": lambda a, b: a + b,  # likewise
+    # Every process polls the same engines: where they report their backlog (SGLang, vLLM, smg-sim), each process
+    # computes the same ratio and the largest is it (a sum would count that backlog once per process).  Where a
+    # process falls back on its own in-flight, the largest is the busiest process's share: a lower bound.
+    "smg_model_saturation": max,
+    "smg_model_workers": max,  # every process holds the one fleet (a breaker open in any counts it unroutable there)
 }
 """How the pod's ``/metrics`` (``--processes``) combines a gauge's series of its processes; counters and histograms
 (their buckets, counts and sums) are added, but for ``COUNTER_MERGE``'s."""

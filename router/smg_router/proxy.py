@@ -67,6 +67,7 @@ class Proxy:
         tokenizers: Mapping[str, Tokenizer] | None = None,
         hold: HoldSettings | None = None,
         declarations: Declarations | None = None,
+        chars_per_token: float = 3.0,
     ) -> None:
         self._registry = registry
         self.declarations = declarations if declarations is not None else Declarations()
@@ -91,6 +92,7 @@ class Proxy:
             holds=holds,
             peers=peers,
             max_ejection_share=retry.max_ejection_share,
+            chars_per_token=chars_per_token,
         )
         self.waiting = WaitingRoom(
             settings=hold or HoldSettings(), metrics=metrics, routable=self._attempts.has_routable

@@ -274,6 +274,8 @@ def test_the_dashboard_covers_the_required_panels() -> None:
         "KV event index",
         "Reconciles by result",
         "Router call errors",
+        "Engine saturation by model",
+        "Demand in flight by model",
     ):
         assert title in titles, title
     quantiles = [e for _, e in dashboard_queries(DASHBOARD) if "histogram_quantile" in e]

@@ -206,6 +206,7 @@ class Worker:
         "prefill_chars",
         "prefilling",
         "processed",
+        "prompt_tokens",
         "spec",
         "status",
     )
@@ -225,6 +226,9 @@ class Worker:
         """The chars those still have to prefill, as the policy expected when it chose (a prompt's uncached part)."""
         self.processed = 0
         """Requests this router has sent to the worker, for tie-breaks."""
+        self.prompt_tokens = 0
+        """The prompt tokens of its in-flight requests: counted when the router knows them, else their chars over
+        ``--tree-chars-per-token`` (``Attempts.open``); what ``smg_model_prompt_tokens_inflight`` sums."""
         self.held: dict[str, int] = {}
         """Leading chars -> how many of its requests wait before being sent, behind the first prefill of those chars
         here (``coordination.Holds``): a burst that will find them cached, one prefill, not one each."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from smg_router.metrics import COUNTER_MERGE, GAUGE_MERGE, Metrics, merge_expositions
+from smg_router.workers.demand import ModelDemand
 from support.procs import metric_value
 
 
@@ -52,6 +53,7 @@ def test_every_gauge_of_the_router_has_a_merge_rule() -> None:
     m.add_tree_bytes_source(lambda: [("m", "regular", 1)])
     m.add_peers_in_sync_source(lambda: 1.0)
     m.add_kv_index_sources(lambda: [("m", 1)], lambda: [("m", "http://w", 1)])
+    m.add_demand_source(lambda: [("m", "regular", ModelDemand(inflight=1, backlog=1, capacity=2, routable=1))])
     gauges = {line.split()[2] for line in m.exposition().decode().splitlines() if line.endswith(" gauge")}
     assert gauges == set(GAUGE_MERGE)
 
