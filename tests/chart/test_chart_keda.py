@@ -72,7 +72,11 @@ def test_no_scaled_object_by_default() -> None:
 
 
 def test_the_example_scales_its_engine_deployment_from_zero_on_waiting_requests() -> None:
-    (so,) = render(example_values("autoscaling")).of_kind("ScaledObject")
+    rendered = render(example_values("autoscaling"))
+    (router,) = [d for d in rendered.of_kind("Deployment") if d["metadata"]["name"] == "smg-router"]
+    env = {e["name"]: e.get("value") for e in router["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SMG_HOLD_WHEN_EMPTY"] == "300"  # the routers hold what the engine at 0 replicas cannot serve yet
+    (so,) = rendered.of_kind("ScaledObject")
     assert errors_of(so) == []
     assert so["metadata"]["name"] == "smg-llama-8b" and so["metadata"]["namespace"] == "smg"
     spec = so["spec"]
