@@ -22,13 +22,15 @@ Branches
    holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``.  If no holder is routable it
    is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
-   room for the prompt (its share under the engine's KV capacity; an engine that keeps one prompt per slot: a slot
-   free or holding this prompt's key), or all of them when none has; of those the ones holding the fewest prompts
-   of its size (groups spread evenly), then the ones that prefill the fewest requests, then the one that ranks
-   first for the prompt's placement key by rendezvous hashing.  One of several replicas not told each other's
+   room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
+   evicted since its cache was last empty; an engine that keeps one prompt per slot: a slot free or holding this
+   prompt's key), or all of them when none has; of those the ones holding the fewest prompts of its size
+   (groups spread evenly; not compared by the events of a full engine, which caches less the busier it is), then
+   the ones that prefill the fewest requests, then the one that ranks first for the prompt's placement key by
+   rendezvous hashing.  One of several replicas not told each other's
    routes (``index_complete`` False) judges only by what every replica sees alike: the engines' KV events when
    every worker has them (of those with room, the key's first two by rank, and of those the one holding fewer
-   prompts), else the rank alone.  The key
+   prompts; none with room: the rank alone), else the rank alone.  The key
    is the leading ``placement_prefix_chars`` of the prompt's head (a chat up to its first user message, which later
    turns repeat; a plain prompt's text), so every replica places a conversation or a document group on the same
    worker, and its later requests follow as hits.  A worker ruled out by the gate counts fallback ``imbalance``.
@@ -308,10 +310,10 @@ class CacheAwarePolicy(Policy):
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
-        none has), of those the ones holding the fewest prompts of its size, then those prefilling the fewest
-        requests, then the first by rendezvous rank.  When the index is not complete (one of several replicas): by
-        what every replica sees alike only, the engines' events, when every worker has them (``_place_shared``),
-        else by rank alone."""
+        none has), of those the ones holding the fewest prompts of its size (but by a full engine's events: a busy
+        engine caches less), then those prefilling the fewest requests, then the first by rendezvous rank.
+        When the index is not complete (one of several replicas): by what every replica sees alike only, the
+        engines' events, when every worker has them (``_place_shared``), else by rank alone."""
         if not self.ctx.settings.index_complete:
             if all(w.url in self._own for w in workers):
                 return self._place_shared(workers, ok, key, size)
@@ -322,9 +324,12 @@ class CacheAwarePolicy(Policy):
         for i, w in enumerate(workers):
             if ok[i]:
                 index = self._index_of(tree, w.url)
+                room = self._has_room(index, w, size, key)
+                # what a full engine's events say it caches is its capacity less its running requests': not compared
+                counted = room or not isinstance(index, EventIndex)
                 rank = (
-                    self._has_room(index, w, size, key),
-                    -self._prompts_held(index, w, size),
+                    room,
+                    -self._prompts_held(index, w, size) if counted else 0,
                     -w.prefilling,
                     rendezvous_score(key, w.id),
                 )
@@ -333,14 +338,16 @@ class CacheAwarePolicy(Policy):
         return chosen  # the least loaded worker is always within the gate
 
     def _place_shared(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int) -> int:
-        """Placement by the engines' events alone: of the workers within the gate with room for the prompt (all when
-        none has), the two its key ranks first by rendezvous, and of those the one holding fewer prompts (then the
-        first).  Two choices, not the fleet's least: every replica sees the same counts, and the engines tell of a
-        prompt only once it is prefilled, so a burst of new prompts would all go to the one the events show emptiest;
-        each prompt's own two spread them, and still go where fewer are."""
+        """Placement by the engines' events alone: of the workers within the gate with room for the prompt, the two
+        its key ranks first by rendezvous, and of those the one holding fewer prompts (then the first); with none
+        with room, the first by rank.  Two choices, not the fleet's least: every replica sees the same counts, and
+        the engines tell of a prompt only once it is prefilled, so a burst of new prompts would all go to the one
+        the events show emptiest; each prompt's own two spread them, and still go where fewer are."""
         within = [i for i, w in enumerate(workers) if ok[i]]
         roomy = [i for i in within if self._has_room(self._own[workers[i].url], workers[i], size, key, shared=True)]
-        ranked = sorted(roomy or within, key=lambda i: rendezvous_score(key, workers[i].id), reverse=True)
+        if not roomy:  # every cache full: a prompt evicts one wherever it goes, and a busy engine caches less
+            return rendezvous_pick(workers, ok, key)
+        ranked = sorted(roomy, key=lambda i: rendezvous_score(key, workers[i].id), reverse=True)
         two = ranked[:2]
         held = [self._prompts_held(self._own[workers[i].url], workers[i], size, shared=True) for i in two]
         return two[held.index(min(held))]  # the first by rank on a tie
@@ -366,6 +373,8 @@ class CacheAwarePolicy(Policy):
             while len(held) > slots:  # kept while its slots were not known yet
                 held.popitem(last=False)
             return key in held or len(held) < slots
+        if isinstance(index, EventIndex) and index.full(worker.url):
+            return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 

@@ -81,6 +81,12 @@ class EventIndex:
         if tokens:
             self.blocks.speculate(tenant, tokens, self._clock(), namespace)
 
+    def full(self, tenant: str) -> bool:
+        """Whether the worker's engine has no free KV: it evicted blocks since its cache was last empty.  Its cached
+        blocks may then be fewer than its capacity (a busy engine evicts for its running requests, which hold the
+        rest), so ``tenant_size`` alone would show a busy engine as the one with room."""
+        return self.blocks.full(tenant)
+
     def tenant_size(self, tenant: str, *, shared: bool = False) -> int:
         """The chars the worker's blocks stand for (tokens times the chars per token of the KV cap): those its engine
         said it holds, and, unless ``shared``, those this process sent it since (its speculative ones)."""

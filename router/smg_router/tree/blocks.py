@@ -51,12 +51,15 @@ def block_keys(tokens: Sequence[int], block_size: int, namespace: str = "", star
 
 
 class _Worker:
-    __slots__ = ("bit", "block_size", "blocks")
+    __slots__ = ("bit", "block_size", "blocks", "evicted")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.block_size = 0
         """Tokens per block of its engine, from its last stored event (0: none yet)."""
+        self.evicted = False
+        """Its engine removed blocks since its cache was last empty: an engine evicts only to make room, so its KV
+        cache has been full (what it holds now may be less: its running requests hold the rest)."""
         self.blocks: OrderedDict[Hashable, int] = OrderedDict()
         """The engine's block hash -> the index's key, oldest first (an OrderedDict: forgetting the oldest is one
         step, where a dict's first item is found past every slot deleted before it)."""
@@ -154,6 +157,7 @@ class BlockIndex:
         w = self._workers.get(worker)
         if w is None:
             return 0
+        w.evicted = w.evicted or bool(hashes)
         known = 0
         for engine_hash in hashes:
             key = w.blocks.pop(engine_hash, None)
@@ -254,6 +258,11 @@ class BlockIndex:
         if now is not None:
             self._expire(now)
         return len(w.blocks) + self._spec_count.get(w.bit, 0)
+
+    def full(self, worker: str) -> bool:
+        """Whether the worker's engine has evicted since its cache was last empty (``_Worker.evicted``)."""
+        w = self._workers.get(worker)
+        return w is not None and w.evicted
 
     def block_size_of(self, worker: str) -> int:
         w = self._workers.get(worker)

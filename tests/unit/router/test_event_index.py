@@ -17,6 +17,8 @@ from smg_router.policies.index import EventIndexes
 from smg_router.request import kv_namespace
 from smg_router.settings import PolicySettings
 from smg_router.tree.blocks import namespace_of
+from smg_router.workers.breaker import CircuitBreaker
+from smg_router.workers.worker import Worker, WorkerSpec, WorkerStatus
 from support.policy_env import Loads, RouteRequest, make_worker
 
 NOW = 1000.0
@@ -291,3 +293,36 @@ def test_an_events_namespace_is_the_one_its_request_names(event: object, body: d
     (stored_event,) = decode_batch(msgspec.msgpack.encode([1.0, [event], 0])).events
     assert isinstance(stored_event, Stored)
     assert event_namespace(stored_event) == kv_namespace(body)
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_an_engine_that_evicted_is_full_though_it_caches_less_than_its_capacity(complete: bool) -> None:
+    """A busy engine evicts cached blocks for its running requests, so it caches less than an idle one whose cache is
+    full: by the blocks alone it looks like the one with room (and holding fewer prompts), and would draw every new
+    prompt.  Once an engine has evicted, its cache is full: the new prompts spread by rank, as on full caches."""
+    events = EventIndexes(budget_bytes=10**7, chars_per_token=1.0, tokenized=frozenset({"m"}))
+    factory = PolicyFactory(
+        settings=PolicySettings(tree_chars_per_token=1.0, index_complete=complete),
+        loads=Loads(slots=16),
+        metrics=Metrics(),
+        seed=1,
+        events=events,
+    )
+    busy, idle = (
+        Worker(
+            WorkerSpec(url=f"http://127.0.0.{n}:8000", model_id="m", kv_capacity_tokens=40 * B),
+            CircuitBreaker(failure_threshold=3, cooldown=10),
+        )
+        for n in (2, 3)
+    )
+    for w in (busy, idle):
+        w.status = WorkerStatus.READY
+        events.publishes(w.url, "m")
+    stored(events, idle.url, list(b"an idle engine's cache, full to its capacity " * 15)[: 40 * B])
+    stored(events, busy.url, list(b"a busy engine's cache, with room for its runs " * 15)[: 40 * B])
+    events.blocks("m").removed(busy.url, [("h", busy.url, i) for i in range(20)])  # evicted for its running requests
+    policy = factory.create("cache_aware", role="regular")
+    policy.sync([busy, idle])
+    prompts = [f"{i:03} a new prompt sharing nothing with any other one " * 4 for i in range(40)]
+    counts = Counter(policy.decide([busy, idle], request(p), NOW).worker.url for p in prompts)
+    assert min(counts[busy.url], counts[idle.url]) >= 10, counts  # by the blocks alone: all 40 on the busy one
