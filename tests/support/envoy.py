@@ -14,6 +14,7 @@ workers by round robin, as a gateway's fail-open does.  Every response says whic
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -209,7 +210,15 @@ def start_envoy(tmp: Path, *, epp: tuple[str, int], pool: list[tuple[str, int]],
     config = gateway_config(host=host, port=port, admin_port=admin_port, epp=epp, pool=pool, **options)
     path = tmp / f"envoy-{host}-{port}.json"
     path.write_text(json.dumps(config, indent=1))
-    args = [envoy_binary(), "-c", str(path), "--concurrency", "1", "--log-level", "warning"]
+    args = [
+        envoy_binary(),
+        "-c",
+        str(path),
+        "--concurrency",
+        "1",
+        "--log-level",
+        os.environ.get("ENVOY_LOG", "warning"),
+    ]
     args += ["--base-id", str(port), "--disable-hot-restart"]
     envoy = Envoy(
         name=f"envoy-{host}-{port}",

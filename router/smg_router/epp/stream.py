@@ -281,13 +281,13 @@ class ExtProcStream:
         header = {DESTINATION: pick.value}
         metadata = struct_pb2.Struct()
         metadata.update({DESTINATION_NAMESPACE: {DESTINATION: pick.value}})
+        if changed and sent is not None:  # Envoy refuses a body whose length the head contradicts
+            header["content-length"] = str(len(sent))
         mode = self._request_mode
         if mode == BUFFERED and raw is not None and self._chunks:
             mutation = pb.BodyMutation(body=sent) if changed else None
             common = pb.CommonResponse(header_mutation=_set(header), clear_route_cache=True, body_mutation=mutation)
             return [pb.ProcessingResponse(request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata)]
-        if changed and sent is not None:
-            header["content-length"] = str(len(sent))
         common = pb.CommonResponse(header_mutation=_set(header), clear_route_cache=True)
         answers = [
             pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common), dynamic_metadata=metadata)

@@ -46,12 +46,14 @@ def start_picker(logs: Path, workers: list[Sim], *args: str) -> Router:
 
 @pytest.fixture(scope="module")
 def picker(logs: Path, fleet: list[Sim]) -> Iterator[Router]:
-    router = start_picker(logs, fleet)
+    router = start_picker(logs, fleet, "--model-alias", f"{ALIAS}=sim-model")
     yield router
     router.stop()
 
 
 Gateway = Callable[..., Envoy]
+ALIAS = "public-name"
+"""A model alias of the picker: the body the worker gets names the served model (rewritten, a new length)."""
 
 
 @pytest.fixture

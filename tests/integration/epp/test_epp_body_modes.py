@@ -7,7 +7,7 @@ import json
 import urllib.request
 
 import pytest
-from conftest import Gateway, post
+from conftest import ALIAS, Gateway, post
 from support.procs import MODEL, Sim
 
 MODES = ["BUFFERED", "STREAMED", "FULL_DUPLEX_STREAMED"]
@@ -36,6 +36,11 @@ def test_every_request_body_mode_answers_and_bodies_arrive_intact(
     assert status == 200, answer
     served = next(s for s in fleet if f"{s.host}:{s.port}" == headers["x-smg-sim-worker"])
     assert answer["usage"]["prompt_tokens"] == _direct(served.url, large)  # the same prompt, token for token
+    aliased = json.dumps({"model": ALIAS, "prompt": words, "max_tokens": 2}).encode()
+    status, answer, headers = post(envoy.url + "/v1/completions", aliased)  # rewritten by the picker: a new length
+    assert status == 200, answer
+    served = next(s for s in fleet if f"{s.host}:{s.port}" == headers["x-smg-sim-worker"])
+    assert answer["usage"]["prompt_tokens"] == _direct(served.url, large)
 
 
 def test_response_bodies_in_full_duplex_are_echoed_untouched(gateway: Gateway) -> None:
