@@ -100,3 +100,18 @@ def test_the_picker_stops_with_the_router_after_its_streams(gateway: Gateway, lo
     log = router.log()
     assert "shut down (0 request(s) left)" in log, log[-2000:]
     router.stop()
+
+
+def test_a_router_whose_picker_port_is_taken_exits_naming_it(logs: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = [sys.executable, "-m", "smg_router", "--port", str(free_port()), "--epp-port", str(port)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert f"--epp-port {port}: cannot listen on 127.0.0.1" in done.stderr
