@@ -200,3 +200,36 @@ def test_response_body_chunks_in_full_duplex_come_back_untouched() -> None:
     echoed = answer.response_body.response.body_mutation.streamed_response
     assert (echoed.body, echoed.end_of_stream) == (b"data: 1\n\n", False)
     stream.close()
+
+
+def test_served_endpoint_in_the_envoy_lb_metadata_is_read_too() -> None:
+    core, picker = _core()
+    stream = ExtProcStream(picker=picker)
+    stream.on_message(_headers(mode=Mode.BUFFERED, subset=["10.0.0.1:8000"]))
+    stream.on_message(_body(BODY, eos=True))
+    response = _response(200)
+    served = struct_pb2.Struct()
+    served.update({SERVED: "10.0.0.3:8000"})
+    response.metadata_context.filter_metadata["envoy.lb"].CopyFrom(served)
+    stream.on_message(response)
+    other = core.registry.by_url(URLS[2])
+    assert other is not None and other.inflight == 1
+    stream.close()
+    assert other.inflight == 0
+
+
+async def test_health_follows_the_routers_readiness() -> None:
+    from grpc_health.v1 import health_pb2
+    from smg_router.epp.server import EXT_PROC_SERVICE, Health
+
+    core, _ = _core()
+    health = Health(core)
+
+    async def status(service: str) -> int:
+        answer = await health.Check(health_pb2.HealthCheckRequest(service=service), None)
+        return int(answer.status)
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert [await status(s) for s in ("liveness", "readiness", EXT_PROC_SERVICE)] == [serving] * 3
+    core.shutting_down = True  # SIGTERM: not ready at once, still alive
+    assert [await status(s) for s in ("liveness", "readiness", EXT_PROC_SERVICE)] == [serving, not_serving, not_serving]
