@@ -8,7 +8,8 @@ goes to an ``ORIGINAL_DST`` cluster that connects to the ``ip:port`` it names (t
 ext_proc: ``clear_route_cache``); one without it (the picker down and ``failure_mode_allow``) goes to the pool's
 workers by round robin, as a gateway's fail-open does.  Every response says which upstream served it
 (``x-gateway-destination-endpoint-served``, added by the route), which the picker reads.  Admin on loopback (its
-``/stats`` count what ext_proc did), ``--concurrency 1``.
+``/stats`` count what ext_proc did), ``--concurrency 1``; ``ENVOY_LOG=debug`` in the environment shows what ext_proc
+did, message by message, in the gateway's log.
 """
 
 from __future__ import annotations
