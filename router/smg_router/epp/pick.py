@@ -32,6 +32,8 @@ from smg_router.workers.registry import WorkerRegistry
 from smg_router.workers.worker import Worker
 
 ROLE = "regular"
+OTHER = "other"
+"""The endpoint label (``smg_requests_total``) of a path the router does not forward."""
 
 
 def endpoint_of(url: str) -> str:
@@ -105,7 +107,7 @@ class Picker:
         endpoint = ENDPOINT_TABLE.get(path.partition("?")[0])
         if endpoint is None or endpoint.multipart or body is None:
             req = ProxyRequest(
-                endpoint=path.partition("?")[0],
+                endpoint=OTHER if endpoint is None else endpoint.path,  # a metric label: never the client's path
                 requested_model=None,
                 stream=False,
                 text="",

@@ -202,6 +202,17 @@ def test_response_body_chunks_in_full_duplex_come_back_untouched() -> None:
     stream.close()
 
 
+def test_a_path_the_router_does_not_forward_is_counted_as_other() -> None:
+    core, picker = _core()
+    for path in ("/v1/models", "/anything/a-client/chose?x=1"):
+        stream = ExtProcStream(picker=picker)
+        (answer,) = stream.on_message(_headers(eos=True, path=path))
+        assert _destination(answer)
+        stream.on_message(_response(200))
+        stream.close()
+    assert core.metrics.requests.labels("other", "m", "200").value == 2
+
+
 def test_served_endpoint_in_the_envoy_lb_metadata_is_read_too() -> None:
     core, picker = _core()
     stream = ExtProcStream(picker=picker)
