@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from smg_router.app import build_private_server, child_socket, running
 from smg_router.core import RouterCore
+from smg_router.epp.server import EppServer
 from smg_router.pod import supervise
 from smg_router.server import Server
 from smg_router.settings import Settings, parse_settings
@@ -55,6 +56,10 @@ async def serve(settings: Settings) -> None:
             listeners = [await server.listen(s.host, s.port, backlog=1024)]
             if s.admin_port:  # the lifecycle mutations answer only here (app.Dispatcher)
                 listeners.append(await server.listen(s.host, s.admin_port))
+        epp: EppServer | None = None
+        if settings.epp.enabled:  # the Endpoint Picker: a gateway's Envoy asks where each request goes (docs/epp.md)
+            epp = EppServer(core)
+            await epp.start()
         gc.freeze()  # start-up's objects leave the collector's walks (module docstring)
         log.info(
             "smg-router serving on http://%s:%d%s (policy %s, %d worker(s) from the command line)",
@@ -69,12 +74,14 @@ async def serve(settings: Settings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await _drain(core, listeners, settings)
+        await _drain(core, listeners, settings, epp)
         if private is not None:
             await private.shutdown(STREAM_END_GRACE)
 
 
-async def _drain(core: RouterCore, listeners: list[asyncio.Server], settings: Settings) -> None:
+async def _drain(
+    core: RouterCore, listeners: list[asyncio.Server], settings: Settings, epp: EppServer | None = None
+) -> None:
     s = settings.server
     core.shutting_down = True
     admission = core.admission
@@ -87,12 +94,17 @@ async def _drain(core: RouterCore, listeners: list[asyncio.Server], settings: Se
     await asyncio.sleep(s.shutdown_delay)
     for listener in listeners:
         listener.close()  # no new connections; open ones keep being served
+    stopping = None
+    if epp is not None:  # no new ext_proc streams; open ones (admitted: counted below) end with their requests
+        stopping = asyncio.get_running_loop().create_task(epp.stop(s.shutdown_timeout), name="smg-epp-stop")
     if not await admission.wait_idle(s.shutdown_timeout):
         ended = core.proxy.relay.end_streams()
         log.warning(
             "shutdown timeout: ending %d stream(s) with an error event; %d request(s) left", ended, len(admission)
         )
         await admission.wait_idle(STREAM_END_GRACE)
+    if stopping is not None:
+        await stopping
     log.info("shut down (%d request(s) left)", len(admission))
 
 

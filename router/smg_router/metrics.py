@@ -595,6 +595,22 @@ class Metrics:
             ("outcome",),
             registry=r,
         )
+        self.epp_streams = CounterFamily(
+            "smg_epp_streams",
+            "Envoy ext_proc streams of the Endpoint Picker (--epp-port), one per HTTP request, by outcome when it "
+            "ended: routed (endpoints picked), rejected (an immediate response: 400, 404, 413, 429, 501, 503), "
+            "abandoned (the stream ended before a pick), error (a message the picker could not follow)",
+            ("outcome",),
+            registry=r,
+        )
+        self.epp_served = CounterFamily(
+            "smg_epp_served",
+            "Picked requests of the Endpoint Picker by the endpoint the gateway reports served them "
+            "(x-gateway-destination-endpoint-served): primary (the chosen one), fallback (one named after it), "
+            "elsewhere (another worker of the router), unreported (no report, or an endpoint the router does not know)",
+            ("kind",),
+            registry=r,
+        )
         self.families: tuple[Family[Any], ...] = tuple(v for v in vars(self).values() if isinstance(v, Family))
         """Every family in registration (= exposition) order, for tests and tools."""
 

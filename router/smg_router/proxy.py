@@ -118,16 +118,7 @@ class Proxy:
 
     async def handle(self, request: wire.Request, req: ProxyRequest) -> wire.Response:
         """Answer one parsed generation request; errors raise ``RouterError`` for the error middleware."""
-        req.model = self.resolve_model(req.requested_model)
-        self._apply_alias(req)
-        apply_routing_headers(req, request.headers, self._routing.key_header)
-        if req.tokens is None and (tokenizer := self._tokenizers.get(req.model)) is not None:
-            kind = KIND_OF.get(req.endpoint)
-            if kind is not None:
-                req.tokens, req.namespace = prompt_tokens(kind, req.body, tokenizer), kv_namespace(req.body)
-        if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
-            req.routing_key = prev  # the stored response is on one worker: before any session key
-            self._untag_previous(req, prev)
+        self.prepare(req, request.headers)
         req.started = time.perf_counter()
         status = 500
         try:
@@ -169,6 +160,31 @@ class Proxy:
         if req.endpoint in PD_ENDPOINTS:
             return ("prefill", "decode")
         return ("decode",) if req.by_load else ()
+
+    @property
+    def attempts(self) -> Attempts:
+        """Where every attempt is chosen and guarded (the Endpoint Picker picks through it too)."""
+        return self._attempts
+
+    @property
+    def pd_mode(self) -> bool:
+        """Whether requests go to prefill/decode dispatch."""
+        return self._pd is not None
+
+    def prepare(self, req: ProxyRequest, headers: Mapping[str, str]) -> None:
+        """What a parsed request says about its routing, applied once, before its first attempt: the model key (404,
+        503), a model alias (the body re-serialised), the routing headers, the prompt's tokens (``--tokenizer``), a
+        Responses call's ``previous_response_id``.  ``handle`` and the Endpoint Picker (``epp``) both call it."""
+        req.model = self.resolve_model(req.requested_model)
+        self._apply_alias(req)
+        apply_routing_headers(req, headers, self._routing.key_header)
+        if req.tokens is None and (tokenizer := self._tokenizers.get(req.model)) is not None:
+            kind = KIND_OF.get(req.endpoint)
+            if kind is not None:
+                req.tokens, req.namespace = prompt_tokens(kind, req.body, tokenizer), kv_namespace(req.body)
+        if req.endpoint == RESPONSES and isinstance(prev := req.body.get("previous_response_id"), str) and prev:
+            req.routing_key = prev  # the stored response is on one worker: before any session key
+            self._untag_previous(req, prev)
 
     def resolve_model(self, requested: str | None) -> str:
         """The model key a request routes by: 404 for a model no worker serves and nobody declared, 503 with no

@@ -465,7 +465,7 @@ class Admission:
 
     async def enter(self, request: wire.Request) -> bytes:
         """Admit the request and read its body; ``leave()`` when its answer is over."""
-        self._admit(request.content_length)
+        self.admit(request.content_length)
         try:
             return await read_body(request, self.max_body)
         except (PayloadTooLarge, RequestTimeout, Overloaded) as e:
@@ -479,9 +479,11 @@ class Admission:
     def enter_streaming(self, request: wire.Request) -> None:
         """Admit a body streamed through (what it keeps, its head, and what waits to be passed on count as they
         arrive); ``leave()`` when its answer is over.  Its whole length still has to fit ``--max-payload-size``."""
-        self._admit(request.content_length)
+        self.admit(request.content_length)
 
-    def _admit(self, size: int | None) -> None:
+    def admit(self, size: int | None) -> None:
+        """Admit a request whose body is ``size`` bytes (None: not said), or raise the 413 or the 503 and count it;
+        ``leave()`` when its answer is over."""
         if size is not None and size > self.max_body:
             self.rejected("payload_too_large")
             raise PayloadTooLarge(

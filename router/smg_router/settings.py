@@ -295,6 +295,24 @@ class PDSettings:
     decode: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EppSettings:
+    """The Endpoint Picker face (``smg_router.epp``): a gateway's Envoy asks this router where each request goes."""
+
+    port: int = 0
+    """Port of the Envoy ext_proc gRPC service on ``--host``; 0: no Endpoint Picker."""
+    health_port: int = 0
+    """Port of the gRPC health service alone (``liveness``, ``readiness`` and the ext_proc service name); 0: only on
+    ``port``."""
+    fallbacks: int = 0
+    """Endpoints named after the chosen one in ``x-gateway-destination-endpoint``, least loaded first: where a gateway
+    that retries goes next.  0: the chosen one alone, which is all a stock Envoy ``ORIGINAL_DST`` cluster reads."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.port != 0
+
+
 CPU_MAX = "/sys/fs/cgroup/cpu.max"
 """cgroup v2: the container's CPU limit, ``QUOTA PERIOD`` in microseconds (``max PERIOD``: none)."""
 
@@ -356,6 +374,7 @@ class Settings:
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     peers: PeerSettings = field(default_factory=PeerSettings)
     hold: HoldSettings = field(default_factory=HoldSettings)
+    epp: EppSettings = field(default_factory=EppSettings)
     worker_urls: tuple[str, ...] = ()
     model_id: str | None = None
     """Model of the --worker-urls workers; None discovers it from each worker's /v1/models."""
@@ -382,7 +401,7 @@ def _env(name: str, default: object) -> object:
     return default if raw is None else raw
 
 
-DESIGN_NUMBERS = frozenset({"--port", "--admin-port", "--process-index"})
+DESIGN_NUMBERS = frozenset({"--port", "--admin-port", "--process-index", "--epp-port", "--epp-health-port"})
 """The numeric flags that are no tuning knob.  Every other flag of type int or float is one: its help starts with
 ``tuning:`` and its default is followed by the reason for it: ``(default: VALUE; REASON)``, from
 ``add(..., why=...)``."""
@@ -889,6 +908,37 @@ def build_parser() -> argparse.ArgumentParser:
         why="its JSON parse is one call of ~7-35 ms per MiB that the event loop waits for",
     )
 
+    epp = p.add_argument_group(
+        "endpoint picker",
+        "the Gateway API Inference Extension's Endpoint Picker: Envoy's ext_proc asks where each request goes, the "
+        "gateway proxies it (docs/epp.md)",
+    )
+    add(
+        epp,
+        "--epp-port",
+        0,
+        type=int,
+        help="port of the Envoy ext_proc gRPC service (envoy.service.ext_proc.v3.ExternalProcessor) on --host, "
+        "answering each request with x-gateway-destination-endpoint (0: off)",
+    )
+    add(
+        epp,
+        "--epp-health-port",
+        0,
+        type=int,
+        help="port of the gRPC health service (services liveness, readiness and "
+        "envoy.service.ext_proc.v3.ExternalProcessor) on --host; the --epp-port answers it too (0: only there)",
+    )
+    add(
+        epp,
+        "--epp-fallbacks",
+        EppSettings().fallbacks,
+        type=int,
+        help="endpoints named after the chosen one, least loaded first, for a gateway that retries",
+        why="Envoy's ORIGINAL_DST cluster takes one ip:port from the header and fails a request naming a list "
+        "(seen with Envoy 1.40); raise it for a gateway that goes down the list",
+    )
+
     admin = p.add_argument_group("admin API", "the worker lifecycle API (POST/PUT/PATCH/DELETE /workers)")
     add(admin, "--admin-port", s.admin_port, type=int, help="port of the lifecycle mutations alone (0: --port)")
     add(
@@ -1005,6 +1055,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         parser.error("--max-response-header-size and --max-response-size must be positive")
     if a.admin_port and (not 0 < a.admin_port < 65536 or a.admin_port == a.port):
         parser.error("--admin-port must be a port number other than --port (or 0)")
+    for flag in ("epp_port", "epp_health_port"):
+        value = getattr(a, flag)
+        if not 0 <= value < 65536 or (value and value in (a.port, a.admin_port)):
+            parser.error(f"--{flag.replace('_', '-')} must be a port number other than --port and --admin-port (or 0)")
+    if a.epp_health_port and (not a.epp_port or a.epp_health_port == a.epp_port):
+        parser.error("--epp-health-port needs --epp-port, and another port")
+    if not 0 <= a.epp_fallbacks <= 16:
+        parser.error("--epp-fallbacks must be from 0 to 16")
     if not 1 <= a.processes <= 256:
         parser.error("--processes must be from 1 to 256")
     if a.process_index is not None and not 0 <= a.process_index < a.processes:
@@ -1101,6 +1159,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
             response_id_key=a.response_id_key or "",
             expose_worker_url=a.expose_worker_url,
         ),
+        epp=EppSettings(port=a.epp_port, health_port=a.epp_health_port, fallbacks=a.epp_fallbacks),
         pd=PDSettings(enabled=a.pd_disaggregation, mode=a.pd_mode, prefill=tuple(prefill), decode=tuple(decode)),
         server=ServerSettings(
             host=a.host,

@@ -16,6 +16,7 @@ SECTIONS = [
     "limits and timeouts",
     "prefill/decode disaggregation",
     "replicas",
+    "endpoint picker",
     "admin API",
     "observability",
 ]
