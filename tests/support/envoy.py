@@ -52,7 +52,7 @@ def gateway_config(
     host: str,
     port: int,
     admin_port: int,
-    epp: tuple[str, int],
+    epp: tuple[str, int] | None,
     pool: list[tuple[str, int]],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
     response_body_mode: str = "NONE",
@@ -62,8 +62,9 @@ def gateway_config(
     route_timeout: str = "60s",
     response_trailer_mode: str = "SEND",
 ) -> dict[str, Any]:
-    """The static config of one gateway (module docstring).  ``served_override``: the routes report this endpoint as
-    the one that served, whatever served (a gateway that went down its fallbacks)."""
+    """The static config of one gateway (module docstring).  ``epp`` None: no picker, the pool's workers by round
+    robin (the gateway alone, a benchmark's anchor).  ``served_override``: the routes report this endpoint as the one
+    that served, whatever served (a gateway that went down its fallbacks)."""
     processing_mode: dict[str, Any] = {
         "request_header_mode": "SEND",
         "response_header_mode": "SEND",
@@ -109,8 +110,9 @@ def gateway_config(
                 },
             }
         )
+    if epp is not None:
+        filters.append({"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc})
     filters += [
-        {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
         {
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -165,20 +167,25 @@ def gateway_config(
                     "connect_timeout": "2s",
                     "load_assignment": {"cluster_name": "pool", "endpoints": [_endpoints(pool)]},
                 },
-                {
-                    "name": "epp",
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}},
-                        }
-                    },
-                    "load_assignment": {"cluster_name": "epp", "endpoints": [_endpoints([epp])]},
-                },
+                *([] if epp is None else [_epp_cluster(epp)]),
             ],
         },
+    }
+
+
+def _epp_cluster(epp: tuple[str, int]) -> dict[str, Any]:
+    """The picker's cluster: gRPC, so HTTP/2."""
+    return {
+        "name": "epp",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {"cluster_name": "epp", "endpoints": [_endpoints([epp])]},
     }
 
 
@@ -204,7 +211,7 @@ class Envoy(Proc):
         return out
 
 
-def start_envoy(tmp: Path, *, epp: tuple[str, int], pool: list[tuple[str, int]], **options: Any) -> Envoy:
+def start_envoy(tmp: Path, *, epp: tuple[str, int] | None, pool: list[tuple[str, int]], **options: Any) -> Envoy:
     """An Envoy gateway (``gateway_config``) logging under ``tmp``, listening once this returns."""
     host = next_host()
     port, admin_port = free_port(host), free_port()
