@@ -15,8 +15,9 @@ medians and spreads over the repetitions):
 - ``epp``: Envoy asking SMG's Endpoint Picker (``--epp-port``, ext_proc with the given request body mode, responses'
   bodies not sent to it) and proxying to the worker it picked (``ORIGINAL_DST`` on the picked header), the config of
   ``tests/support/envoy.py``.
-Per cell and target: req/s, wrk's p50/p99, the p50 added over ``direct`` (and, for streams, per SSE chunk), and the
-CPU per request of SMG and of Envoy (utime + stime from ``/proc``).  Compare within one run only.
+Per cell and target: req/s, wrk's p50/p99, the p50 added over ``direct``, for streams what that adds beyond the same
+request answered whole per SSE chunk, and the CPU per request of SMG and of Envoy (utime + stime from ``/proc``).
+Compare within one run only.
 Exits 1 when any request failed.
 """
 
@@ -90,6 +91,20 @@ def added_us(m: Measured, base: Measured | None) -> float | None:
     return statistics.median((r.p50_ms - b.p50_ms) * 1e3 for r, b in zip(m.runs, base.runs, strict=True))
 
 
+def per_chunk_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> float | None:
+    """For a stream: what the target adds to a streamed answer beyond what it adds to the same request answered
+    whole, per SSE chunk (None for a whole answer, or without the whole cell)."""
+    chunks = m.check.get("chunks")
+    if not m.cell.stream or not chunks:
+        return None
+    whole_cell = Cell(m.cell.endpoint, False, m.cell.concurrency)
+    whole, direct = results.get((m.target, whole_cell)), results.get(("direct", m.cell))
+    added, added_whole = added_us(m, direct), added_us(whole, results.get(("direct", whole_cell))) if whole else None
+    if added is None or added_whole is None:
+        return None
+    return float((added - added_whole) / chunks)
+
+
 def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell]) -> str:
     names = [
         "c",
@@ -111,8 +126,7 @@ def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell]) -> s
             if m is None:
                 continue
             added = added_us(m, direct) if target != "direct" else None
-            chunks = m.check.get("chunks")
-            per_chunk = added / chunks if added is not None and chunks else None
+            per_chunk = per_chunk_us(m, results) if target != "direct" else None
             envoy_cpu = m.stat("worker_cpu_us") if target in ("envoy", "epp") else None
             rows.append(
                 f"| {cell.concurrency} | {cell.label} | {target} | {fmt(m.stat('rps'))} | {fmt(m.stat('p50_ms'), 2)} "
