@@ -16,6 +16,9 @@ production server must do is kept:
   and so does one that arrives slower than ``body_min_rate`` bytes a second once ``head_timeout`` has passed
   (Apache's mod_reqtimeout rule: the deadline moves one second for every ``body_min_rate`` bytes);
 - body bytes count against the server's ``wire.Budget`` as they arrive (never as a client declares them);
+- a body sent in tiny pieces wakes the server once a batch, not once a piece: while a handler waits for more of a
+  body with a ``Content-Length``, the kernel holds the pieces back until what it waits for arrived, or the body's
+  end (``SO_RCVLOWAT``); the slow-client bounds count held bytes as arrived;
 - at most ``max_connections`` connections, ``max_connections_per_client`` from one address: past them a new
   connection gets a 503 and is closed;
 - a head that cannot be parsed or is too large is answered with a JSON error (400, 414, 431) and the connection
@@ -29,7 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import socket
+import struct
+import termios
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -57,6 +64,9 @@ REFUSED_LINGER_SECONDS = 0.5
 """How long a connection refused over the connection limits reads and drops what its client sends after the 503."""
 """How long a connection closed under an unread body reads and drops what the client still sends."""
 SWEEP_SECONDS = 5.0
+MAX_LOW_WATER = 16 * 1024
+"""Most body bytes the kernel holds back before it wakes the router for a reader that waits for more
+(``_Connection.await_bytes``)."""
 _VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
 
 Handler = Callable[[Any], Awaitable[Response]]
@@ -141,6 +151,9 @@ class _Connection(asyncio.Protocol):
         """Body bytes on this connection no handler took yet, every request's (``wire.Request.feed``)."""
         self.client: str | None = None
         """The peer's address, counted against ``max_connections_per_client`` (None: a unix socket, not counted)."""
+        self._sock: Any = None
+        """The TCP socket (its receive low-water mark, ``await_bytes``); None on a unix socket."""
+        self._low_water = 1
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -149,6 +162,9 @@ class _Connection(asyncio.Protocol):
         self.local_port = sockname[1] if isinstance(sockname, tuple) else None
         peername = transport.get_extra_info("peername")
         self.remote = str(peername[0]) if isinstance(peername, tuple) and peername else None
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock = sock
         refusal = self._server.admit(self, self.remote)
         if refusal is not None:
             self._lingering = True  # nothing it sends is parsed
@@ -283,6 +299,39 @@ class _Connection(asyncio.Protocol):
         if self.buffered <= self._server.max_buffer:
             self.resume_reading("buffer")
 
+    def await_bytes(self, size: int) -> None:
+        """A reader waits for ``size`` more body bytes (1: for any byte): the kernel holds smaller pieces back until
+        that many arrived (``SO_RCVLOWAT``; at most ``MAX_LOW_WATER`` and what fits under ``max_buffer``), so a body
+        sent in tiny pieces wakes the router once a batch, not once a piece (each wake-up costs more in the kernel
+        than the piece does here)."""
+        size = max(1, min(size, MAX_LOW_WATER, self._server.max_buffer + 1 - self.buffered))
+        sock = self._sock
+        if size == self._low_water or sock is None or self.closed or self.transport is None:
+            return
+        if self.transport.is_closing():  # its descriptor may be closed already, its number another socket's
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+        except OSError as e:
+            log.warning("cannot set the receive low-water mark (%s): body bytes are read as they arrive", e)
+            self._sock = None
+            return
+        self._low_water = size
+
+    def let_in_held(self) -> int:
+        """Body bytes the kernel holds back below the low-water mark (they arrived, unread); if any, the mark drops
+        so they are read (the body timer and the body rate judge what arrived, not what was read)."""
+        if self._low_water == 1 or self._sock is None or self.closed or self.transport is None:
+            return 0
+        if self.transport.is_closing():
+            return 0
+        try:
+            held: int = struct.unpack("i", fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            held = 0
+        self.await_bytes(1)
+        return held
+
     def clock(self) -> float:
         now = self._loop.time()
         return now - self._paused_for - (now - self._paused_at if self._read_pauses else 0.0)
@@ -320,12 +369,16 @@ class _Connection(asyncio.Protocol):
         request = self._parsing
         if request is None or not server.body_min_rate:
             return
-        allowed = server.head_timeout + request.received / server.body_min_rate
-        if now - request.started > allowed:
+        if now - request.started <= server.head_timeout + request.received / server.body_min_rate:
+            return
+        arrived = request.received + self.let_in_held()  # with what waits unread below the low-water mark
+        if request.content_length is not None:
+            arrived = min(arrived, request.content_length)
+        if now - request.started > server.head_timeout + arrived / server.body_min_rate:
             request.fail(
                 BodyTimeout(
                     f"the request body arrived slower than {server.body_min_rate} bytes/s after the first "
-                    f"{server.head_timeout:g} s ({request.received} bytes; --body-min-rate)",
+                    f"{server.head_timeout:g} s ({arrived} bytes; --body-min-rate)",
                     reason="body_too_slow",
                 )
             )

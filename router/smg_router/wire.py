@@ -93,7 +93,7 @@ def _expire(request: Request, waiter: asyncio.Future[None], received: int) -> No
     two ``body_timeout``: bytes that arrive below ``READ_BATCH`` wake nobody, and a timer per read would cost more)."""
     if waiter.done():
         return
-    if request.received == received:
+    if request.received == received and not request._conn.let_in_held():
         seconds = request.body_timeout
         waiter.set_exception(BodyTimeout(f"no byte of the request body arrived for {seconds:g} s (--body-timeout)"))
     else:
@@ -122,6 +122,15 @@ class Connection(Protocol):
 
     def buffer_shrank(self, size: int) -> None:
         """``size`` body bytes were taken or dropped (reading resumes below its limit)."""
+        ...
+
+    def await_bytes(self, size: int) -> None:
+        """A reader waits for ``size`` more body bytes: the connection may leave smaller pieces unread until then
+        (1: every byte as it arrives)."""
+        ...
+
+    def let_in_held(self) -> int:
+        """Body bytes that arrived and ``await_bytes`` left unread; if any, they are read now."""
         ...
 
     def clock(self) -> float:
@@ -261,6 +270,16 @@ class Request:
         self._buffered += size
         if self._conn.buffer_grew(size) or self._buffered >= self._want:
             self._wake()
+        elif self._waiter is not None:
+            self._hold_back()
+
+    def _hold_back(self) -> None:
+        """Let the connection leave the body's next bytes unread until they wake the waiting reader: what it still
+        wants, never more than the body has left (its end must wake the reader).  A chunked body's end is not known
+        in bytes: read as it arrives."""
+        if self.content_length is None:
+            return
+        self._conn.await_bytes(min(self._want - self._buffered, self.content_length - self.received))
 
     def fail(self, failure: BodyTimeout) -> None:
         """The body will not be read (it arrives too slowly): dropped, and its reader gets ``failure``."""
@@ -308,9 +327,11 @@ class Request:
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         self._timer = loop.call_later(self.body_timeout, _expire, self, waiter, self.received)
+        self._hold_back()
         try:
             await waiter
         finally:
+            self._conn.await_bytes(1)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None

@@ -105,7 +105,7 @@ class HealthChecker:
     async def _discover_model(self, worker: Worker) -> None:
         answer = await self._get(worker.url + "/v1/models")
         model = _first_model(answer[1]) if answer is not None and answer[0] == 200 else None
-        if model is not None and self._lifecycle.registry.get(worker.id) is worker:
+        if model is not None and self._lifecycle.current(worker):  # not removed, nor being removed
             self._lifecycle.update(worker, replace(worker.spec, model_id=model))
             log.info("worker %s serves model %s", worker.url, model)
 

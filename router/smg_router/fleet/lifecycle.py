@@ -5,6 +5,10 @@ decode) to the workers it can reach, then the load view and the metrics.  Remova
 (stop routing, wait for in-flight) → remove from the registry → re-sync the policies (the worker leaves
 every tree) → forget its load and metric series.  The admin API, the command line and the health
 checker all call this; nothing else mutates workers.
+
+An update applies to a registered worker whole, or not at all: one that comes for a worker already removed (its
+caller looked it up, then waited for a body) is a 404, and one that comes while the worker drains for its removal is
+a 409 (the removal wins: no update makes a leaving worker routable again or republishes its series after it left).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from smg_router.errors import BadRequest, Conflict
+from smg_router.errors import BadRequest, Conflict, NotFound
 from smg_router.fleet.kv_feeds import KvFeeds
 from smg_router.metrics import Metrics
 from smg_router.policies.registry import PolicyRegistry
@@ -50,11 +54,18 @@ class Lifecycle:
         self.on_change: Callable[[], None] = lambda: None
         """Told after every add, update and status change (the requests held for a routable worker look again:
         ``waiting``)."""
+        self._removing: dict[str, int] = {}
+        """Ids of the workers a removal drains, with how many removals (a second DELETE waits like the first)."""
 
     def add(self, spec: WorkerSpec) -> tuple[Worker, bool]:
         """Register a worker; the same URL with the same spec is a no-op returning (existing, False)."""
         existing = self.registry.by_url(spec.url)
         if existing is not None:
+            if existing.id in self._removing:
+                raise Conflict(
+                    f"worker {spec.url} is being removed (id {existing.id}); register it again once it is gone",
+                    code="worker_being_removed",
+                )
             if existing.spec == spec or (spec.model_id is None and _same_but_model(existing.spec, spec)):
                 return existing, False
             raise Conflict(
@@ -73,7 +84,20 @@ class Lifecycle:
         log.info("worker added: %s role=%s model=%s", spec.url, spec.role, spec.model_id)
         return worker, True
 
+    def current(self, worker: Worker) -> bool:
+        """Whether ``worker`` is registered and not being removed: an update would apply."""
+        return self.registry.get(worker.id) is worker and worker.id not in self._removing
+
     def update(self, worker: Worker, spec: WorkerSpec) -> Worker:
+        """A registered worker's new spec; 404 when it was removed since its caller found it, 409 while it drains for
+        its removal."""
+        if self.registry.get(worker.id) is not worker:
+            raise NotFound(f"no worker with id {worker.id!r} (removed)", code="worker_not_found")
+        if worker.id in self._removing:
+            raise Conflict(
+                f"worker {worker.id} is being removed (a DELETE drains it); it takes no update",
+                code="worker_being_removed",
+            )
         if spec.url != worker.url:
             raise BadRequest(
                 "url: cannot change a worker's URL; register the new URL and delete this one", code="invalid_field"
@@ -108,14 +132,20 @@ class Lifecycle:
         was_draining = worker.status is WorkerStatus.DRAINING
         self.set_status(worker, WorkerStatus.DRAINING)
         deadline = time.monotonic() + drain_timeout
+        self._removing[worker.id] = self._removing.get(worker.id, 0) + 1
         try:
             while worker.inflight > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polling keeps the hot path free of events
                 await asyncio.sleep(0.02)
         except asyncio.CancelledError:
-            if not was_draining:
+            if not was_draining and self._removing[worker.id] == 1:  # no other removal still drains it
                 self.set_draining(worker, False)
             log.info("worker %s: removal cancelled while it drained; left as it was", worker.url)
             raise
+        finally:
+            if (left := self._removing[worker.id] - 1) > 0:
+                self._removing[worker.id] = left
+            else:
+                del self._removing[worker.id]
         drained = worker.inflight == 0
         if self.registry.get(worker.id) is not worker:
             return drained  # removed meanwhile by a concurrent call

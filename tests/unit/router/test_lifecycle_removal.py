@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from smg_router.errors import Conflict, NotFound
 from smg_router.fleet.lifecycle import Lifecycle
 from smg_router.metrics import Metrics
 from smg_router.policies.factory import PolicyFactory
@@ -48,3 +49,40 @@ async def test_a_removed_worker_is_told_to_whoever_keeps_its_connections() -> No
     worker, _ = lifecycle.add(WorkerSpec(url=URL, model_id="m"))
     assert await lifecycle.remove(worker, drain_timeout=1)
     assert told == [URL]
+
+
+async def test_an_update_while_the_worker_drains_for_its_removal_is_refused_and_one_after_it_is_not_found() -> None:
+    lifecycle = _lifecycle()
+    worker, _ = lifecycle.add(WorkerSpec(url=URL, model_id="m"))
+    lifecycle.set_status(worker, WorkerStatus.READY)
+    worker.inflight = 1
+    removal = asyncio.create_task(lifecycle.remove(worker, drain_timeout=30))
+    await asyncio.sleep(0.05)
+    with pytest.raises(Conflict) as refused:
+        lifecycle.update(worker, WorkerSpec(url=URL, model_id="m", labels={"a": "b"}))
+    assert refused.value.code == "worker_being_removed" and worker.spec.labels == {}
+    with pytest.raises(Conflict):  # nor a registration of its URL: it would be removed under its caller
+        lifecycle.add(WorkerSpec(url=URL, model_id="m"))
+    assert not lifecycle.current(worker) and worker.status is WorkerStatus.DRAINING
+    worker.inflight = 0
+    assert await removal
+    with pytest.raises(NotFound) as gone:  # its caller found it before the removal, and applies after it
+        lifecycle.update(worker, WorkerSpec(url=URL, model_id="m", priority=9))
+    assert gone.value.code == "worker_not_found" and worker.spec.priority != 9
+    assert f'worker="{URL}"' not in lifecycle.metrics.exposition().decode()
+
+
+async def test_two_removals_of_one_worker_keep_it_refusing_updates_until_the_last_ends() -> None:
+    lifecycle = _lifecycle()
+    worker, _ = lifecycle.add(WorkerSpec(url=URL, model_id="m"))
+    worker.inflight = 1
+    first = asyncio.create_task(lifecycle.remove(worker, drain_timeout=30))
+    second = asyncio.create_task(lifecycle.remove(worker, drain_timeout=30))
+    await asyncio.sleep(0.05)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert worker.status is WorkerStatus.DRAINING and not lifecycle.current(worker)  # the second still drains it
+    worker.inflight = 0
+    assert await second
+    assert lifecycle.registry.get(worker.id) is None
