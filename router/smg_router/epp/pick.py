@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from smg_router.attempt import AttemptGuard
@@ -36,6 +37,7 @@ OTHER = "other"
 """The endpoint label (``smg_requests_total``) of a path the router does not forward."""
 
 
+@lru_cache(maxsize=4096)  # a few URLs, asked twice per request: ``urlsplit`` is not cheap
 def endpoint_of(url: str) -> str:
     """A worker URL's endpoint as gateways write it: ``http://10.0.0.5:8000`` → ``10.0.0.5:8000`` (IPv6 in
     brackets)."""

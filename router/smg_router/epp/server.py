@@ -46,13 +46,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc
 
     async def Process(  # the gRPC method's name
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> None:
+        # the context's own read and write, not an async generator over ``requests``: grpc.aio wraps each of those
+        # in machinery of its own, per message
         stream = ExtProcStream(picker=self._picker)
+        read, write, eof = context.read, context.write, grpc.aio.EOF
         try:
-            async for msg in requests:
+            while (msg := await read()) is not eof:
                 for answer in stream.on_message(msg):
-                    yield answer
-        except (asyncio.CancelledError, GeneratorExit):
+                    await write(answer)
+        except asyncio.CancelledError:
             raise  # the gateway went away or the server stops: the request is over all the same
         except Exception:
             log.exception("ext_proc stream of %s failed", stream.pick.req.endpoint if stream.pick else "a request")

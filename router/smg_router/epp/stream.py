@@ -62,6 +62,16 @@ NONE, STREAMED, BUFFERED, FULL_DUPLEX = (
 )
 
 
+# the answers that change nothing, built once (never mutated: each is serialized as it is, per answer)
+_REQUEST_HEADERS_CONTINUE = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+_REQUEST_BODY_CONTINUE = pb.ProcessingResponse(request_body=pb.BodyResponse())
+_REQUEST_TRAILERS_CONTINUE = pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+_RESPONSE_HEADERS_CONTINUE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+_RESPONSE_BODY_CONTINUE = pb.ProcessingResponse(response_body=pb.BodyResponse())
+_RESPONSE_TRAILERS_CONTINUE = pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
 def immediate(error: RouterError) -> pb.ProcessingResponse:
     """The router's JSON error as the gateway's answer; the router's overload (a 503 on its HTTP face) is the
     protocol's shedding, a 429."""
@@ -108,12 +118,21 @@ def _headers(headers: pb.HttpHeaders) -> dict[str, str]:
     return out
 
 
+def _metadata(value: str) -> struct_pb2.Struct:
+    """The ``envoy.lb`` dynamic metadata naming the endpoints (built field by field: ``Struct.update`` is slow)."""
+    inner = struct_pb2.Struct()
+    inner.fields[DESTINATION].string_value = value
+    metadata = struct_pb2.Struct()
+    metadata.fields[DESTINATION_NAMESPACE].struct_value.CopyFrom(inner)
+    return metadata
+
+
 def _set(headers: Mapping[str, str]) -> pb.HeaderMutation:
     return pb.HeaderMutation(
         set_headers=[
             base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                append_action=_OVERWRITE,
             )
             for k, v in headers.items()
         ]
@@ -197,17 +216,17 @@ class ExtProcStream:
             answers = [] if self._complete else self._finish(trailers=True)
             if self._outcome == "rejected":  # an immediate response: the last answer
                 return answers
-            return [*answers, pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
+            return [*answers, _REQUEST_TRAILERS_CONTINUE]
         if kind == "response_headers":
             self._on_response_headers(msg)
-            return [pb.ProcessingResponse(response_headers=pb.HeadersResponse())]
+            return [_RESPONSE_HEADERS_CONTINUE]
         if kind == "response_body":
             body = msg.response_body
             if self._response_mode == FULL_DUPLEX:
                 return streamed(body.body, request=False, end=body.end_of_stream)
-            return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+            return [_RESPONSE_BODY_CONTINUE]
         if kind == "response_trailers":
-            return [pb.ProcessingResponse(response_trailers=pb.TrailersResponse())]
+            return [_RESPONSE_TRAILERS_CONTINUE]
         return []
 
     def _reject(self, error: RouterError) -> list[pb.ProcessingResponse]:
@@ -231,7 +250,7 @@ class ExtProcStream:
             return self._finish(trailers=False)
         mode = self._request_mode
         if mode == BUFFERED:
-            return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
+            return [_REQUEST_HEADERS_CONTINUE]
         if mode == NONE:
             self._request_mode = FULL_DUPLEX  # the body is not ours to answer: picked as a request without one
             return self._finish(trailers=False, body=None)
@@ -279,8 +298,7 @@ class ExtProcStream:
         sent = pick.req.raw if raw is not None else None
         changed = sent is not None and sent is not raw  # a model alias: the body forwarded names the served model
         header = {DESTINATION: pick.value}
-        metadata = struct_pb2.Struct()
-        metadata.update({DESTINATION_NAMESPACE: {DESTINATION: pick.value}})
+        metadata = _metadata(pick.value)
         if changed and sent is not None:  # Envoy refuses a body whose length the head contradicts
             header["content-length"] = str(len(sent))
         mode = self._request_mode
@@ -297,7 +315,7 @@ class ExtProcStream:
         if mode == STREAMED:
             for i in range(self._owed):
                 if not changed:
-                    answers.append(pb.ProcessingResponse(request_body=pb.BodyResponse()))
+                    answers.append(_REQUEST_BODY_CONTINUE)
                     continue
                 mutation = pb.BodyMutation(body=sent) if i == 0 else pb.BodyMutation(clear_body=True)
                 answers.append(
