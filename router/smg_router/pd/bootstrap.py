@@ -131,7 +131,7 @@ class BootstrapDispatcher:
         except Exception as e:
             guard.failed()
             raise UpstreamError(
-                f"prefill worker {guard.worker.url} failed mid-request: {e}", code="prefill_failed"
+                f"prefill worker {guard.worker.id} failed mid-request: {e}", code="prefill_failed"
             ) from None
         finally:
             resp.abort()

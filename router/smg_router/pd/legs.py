@@ -63,7 +63,7 @@ async def post(
 
 def unreachable(guard: AttemptGuard, role: str, e: Exception) -> UpstreamError:
     """The 502 for a worker that could not be reached or timed out, naming it."""
-    return UpstreamError(f"{role} worker {guard.worker.url} failed: {describe(e)}", code=f"{role}_failed")
+    return UpstreamError(f"{role} worker {guard.worker.id} failed: {describe(e)}", code=f"{role}_failed")
 
 
 async def failed_answer(guard: AttemptGuard, role: str, resp: UpstreamResponse) -> UpstreamError:
@@ -75,4 +75,4 @@ async def failed_answer(guard: AttemptGuard, role: str, resp: UpstreamResponse) 
         detail = f"(its body broke off: {e})"
     finally:
         resp.abort()
-    return UpstreamError(f"{role} worker {guard.worker.url} answered {resp.status}: {detail}", code=f"{role}_failed")
+    return UpstreamError(f"{role} worker {guard.worker.id} answered {resp.status}: {detail}", code=f"{role}_failed")

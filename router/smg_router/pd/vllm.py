@@ -105,7 +105,7 @@ def decode_body(body: Mapping[str, Any], params: Mapping[str, Any]) -> bytes:
     return orjson.dumps({**body, TRANSFER_FIELD: params})
 
 
-def transfer_params(answer: bytes, worker_url: str) -> dict[str, Any]:
+def transfer_params(answer: bytes, worker: str) -> dict[str, Any]:
     """The ``kv_transfer_params`` of a prefill answer; a 502 that says what is wrong when there are none."""
     try:
         parsed = orjson.loads(answer)
@@ -113,13 +113,13 @@ def transfer_params(answer: bytes, worker_url: str) -> dict[str, Any]:
         parsed = None
     if not isinstance(parsed, dict):
         raise UpstreamError(
-            f"prefill worker {worker_url} answered with no JSON object: {answer[:120].decode(errors='replace')!r}",
+            f"prefill worker {worker} answered with no JSON object: {answer[:120].decode(errors='replace')!r}",
             code="prefill_failed",
         )
     params = parsed.get(TRANSFER_FIELD)
     if not isinstance(params, dict) or not params:
         raise UpstreamError(
-            f"prefill worker {worker_url} answered without {TRANSFER_FIELD}, so no decode worker can take over: "
+            f"prefill worker {worker} answered without {TRANSFER_FIELD}, so no decode worker can take over: "
             "is it a vLLM engine with a KV connector (--kv-transfer-config, e.g. NixlConnector)?",
             code="missing_kv_transfer_params",
         )
@@ -199,13 +199,13 @@ class VllmDispatcher:
         except (OSError, TimeoutError) as e:
             raise TryElsewhere(
                 UpstreamError(
-                    f"prefill worker {guard.worker.url} broke off its answer: {describe(e)}", code="prefill_failed"
+                    f"prefill worker {guard.worker.id} broke off its answer: {describe(e)}", code="prefill_failed"
                 )
             ) from None
         finally:
             resp.abort()
         guard.answered(resp.status)
-        return transfer_params(answer, guard.worker.url)
+        return transfer_params(answer, guard.worker.id)
 
     async def _passed_on(self, guard: AttemptGuard, resp: UpstreamResponse) -> wire.Response:
         try:
@@ -213,7 +213,7 @@ class VllmDispatcher:
         except (OSError, TimeoutError) as e:
             guard.failed()
             raise UpstreamError(
-                f"prefill worker {guard.worker.url} broke off its {resp.status} answer: {e}", code="prefill_failed"
+                f"prefill worker {guard.worker.id} broke off its {resp.status} answer: {e}", code="prefill_failed"
             ) from None
         finally:
             resp.abort()

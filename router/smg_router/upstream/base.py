@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 
 class UpstreamConnectError(Exception):
-    """The worker could not be reached or the connection failed before a response arrived."""
+    """The worker could not be reached or the connection failed before a response arrived.  Its text reaches the
+    client, so it never holds the worker's address (the log line beside it names the worker)."""
+
+
+def connect_failure(e: BaseException) -> str:
+    """What went wrong connecting, without the address the OS or the library put in its text: the error number's
+    meaning ("Connection refused"), else the kind of error."""
+    if isinstance(e, TimeoutError):
+        return "timed out"
+    number = getattr(e, "errno", None) or getattr(getattr(e, "os_error", None), "errno", None)
+    if isinstance(number, int) and number in errno.errorcode:
+        return os.strerror(number)
+    return type(e).__name__
 
 
 class ResponseTooLarge(ConnectionError):

@@ -25,7 +25,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from smg_router.upstream.base import BodyByChunks, ResponseLimits, ResponseTooLarge, Timeouts, UpstreamConnectError
+from smg_router.upstream.base import (
+    BodyByChunks,
+    ResponseLimits,
+    ResponseTooLarge,
+    Timeouts,
+    UpstreamConnectError,
+    connect_failure,
+)
 
 Sink = Callable[[bytes, bool], bool]
 """Takes a piece of a response body and whether the body ends with it; returns whether to go on (``pipe``)."""
@@ -468,7 +475,7 @@ class LeanUpstream:
                 loop.create_connection(lambda: _Conn(key, self._timeouts, self.limits), *key), self._connect_timeout
             )
         except (OSError, TimeoutError) as e:
-            raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {str(e) or type(e).__name__}") from None
+            raise UpstreamConnectError(f"cannot connect: {connect_failure(e)}") from None
         return conn
 
     def _give_back(self, conn: _Conn) -> None:

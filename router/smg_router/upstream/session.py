@@ -13,7 +13,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 
 import aiohttp
 
-from smg_router.upstream.base import BodyByChunks, ResponseLimits, Timeouts, UpstreamConnectError, UpstreamResponse
+from smg_router.upstream.base import (
+    BodyByChunks,
+    ResponseLimits,
+    Timeouts,
+    UpstreamConnectError,
+    UpstreamResponse,
+    connect_failure,
+)
 
 
 class SessionResponse(BodyByChunks):
@@ -112,7 +119,7 @@ class SessionUpstream:
             async with first_byte:
                 resp = await self._session.post(url, data=body, headers=headers, allow_redirects=False)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # a connect timeout included
-            raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
+            raise UpstreamConnectError(f"cannot reach the worker: {connect_failure(e)}") from e
         except TimeoutError:  # ours or the session's total deadline; before OSError, whose subclass it is
             raise TimeoutError(
                 f"no response headers from the worker within {self._first_byte:g} s"
@@ -120,7 +127,7 @@ class SessionUpstream:
                 else "the worker did not finish in time"
             ) from None
         except OSError as e:
-            raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
+            raise UpstreamConnectError(f"cannot reach the worker: {connect_failure(e)}") from e
         return SessionResponse(resp, self._idle, self.limits)
 
     async def _then_first_byte(self, body: AsyncIterable[bytes], first_byte: asyncio.Timeout) -> AsyncIterator[bytes]:

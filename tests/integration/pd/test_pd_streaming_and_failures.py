@@ -189,3 +189,49 @@ def test_an_engine_refusing_the_request_itself_is_passed_on_not_a_502(logs: Path
         r.stop()
         prefill.stop()
         decode.stop()
+
+
+def test_a_failing_or_unreachable_worker_is_named_by_its_opaque_id_never_its_address(logs: Path) -> None:
+    """A client learns which worker failed (the id `/workers` lists) but never its internal address."""
+    prefill, bport = start_prefill(logs, extra=["--error-rate", "1", "--error-status", "500"])
+    decode = start_decode(logs)
+    r = start_router(
+        logs,
+        args=[
+            "--pd-disaggregation",
+            "--prefill",
+            prefill.url,
+            str(bport),
+            "--decode",
+            decode.url,
+            "--max-retries",
+            "0",
+        ],
+    )
+    try:
+        r.wait_routable(2)
+        ids = {w["url"]: w["id"] for w in r.workers()}
+        status, body = http_json(
+            "POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "p" * 40, "max_tokens": 2}
+        )
+        assert status == 502, body
+        message = body["error"]["message"]
+        assert "500" in message and ids[prefill.url] in message, message
+        assert prefill.url.removeprefix("http://") not in message, message
+        decode.kill()  # now the decode worker cannot be reached either
+        prefill.stop()
+        for stream in (False, True):
+            status, body = http_json(
+                "POST",
+                r.url + "/v1/completions",
+                {"model": MODEL, "prompt": "q" * 40, "max_tokens": 2, "stream": stream},
+            )
+            assert status in (502, 503, 504), body
+            message = body["error"]["message"]
+            for sim in (prefill, decode):
+                host_port = sim.url.removeprefix("http://")
+                assert host_port not in message and host_port.split(":")[1] not in message, message
+    finally:
+        r.stop()
+        prefill.stop()
+        decode.stop()

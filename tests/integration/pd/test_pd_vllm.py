@@ -151,7 +151,9 @@ def test_a_prefill_worker_without_kv_transfer_params_is_a_502_and_decode_is_not_
         )
         assert status == 502, body
         assert body["error"]["code"] == "missing_kv_transfer_params"
-        assert plain.url in body["error"]["message"] and "kv_transfer_params" in body["error"]["message"]
+        ids = {w["url"]: w["id"] for w in r.workers()}
+        assert ids[plain.url] in body["error"]["message"] and "kv_transfer_params" in body["error"]["message"]
+        assert plain.url not in body["error"]["message"]  # its opaque id, never its address
         assert requests_seen(decode) == 0
         assert metric_value(r.metrics(), "smg_pd_requests_total", status="prefill_failed") == 1
     finally:
@@ -210,7 +212,8 @@ def test_a_dead_prefill_worker_is_retried_on_another_then_a_502_naming_it(logs: 
         assert (
             "prefill worker" in body["error"]["message"] and "decode worker was not asked" in body["error"]["message"]
         )
-        assert doomed.url in body["error"]["message"] or spare.url in body["error"]["message"]
+        ids = {w["url"]: w["id"] for w in r.workers()}
+        assert ids[doomed.url] in body["error"]["message"] or ids[spare.url] in body["error"]["message"]
         assert requests_seen(decode) == seen
         wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="no attempt left in flight")
     finally:
@@ -249,7 +252,7 @@ def test_what_cannot_be_split_is_refused_and_a_prefill_refusal_is_passed_on(logs
         small.stop()
 
 
-def test_a_hung_prefill_worker_times_out_into_a_502_naming_it(logs: Path) -> None:
+def test_a_hung_prefill_worker_times_out_into_a_502_naming_its_id(logs: Path) -> None:
     hung = start_vllm_prefill(logs, extra=["--hang-rate", "1"])
     decode = start_vllm_decode(logs)
     r = start_router(
@@ -260,7 +263,8 @@ def test_a_hung_prefill_worker_times_out_into_a_502_naming_it(logs: Path) -> Non
         r.wait_routable(2)
         status, body = http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "hang", "max_tokens": 2})
         assert status == 502, body
-        assert body["error"]["code"] == "prefill_failed" and hung.url in body["error"]["message"], body
+        ids = {w["url"]: w["id"] for w in r.workers()}
+        assert body["error"]["code"] == "prefill_failed" and ids[hung.url] in body["error"]["message"], body
         assert requests_seen(decode) == 0
         wait_until(lambda: all(w["load"]["inflight"] == 0 for w in r.workers()), what="no attempt left in flight")
     finally:

@@ -83,6 +83,7 @@ def test_a_dead_worker_is_retried_elsewhere_then_marked_not_ready(logs: Path) ->
         sims[1].kill()
         status, body = http_json("POST", r.url + "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
         assert status in (502, 503) and body["error"]["message"], body
+        assert all(s.url.removeprefix("http://") not in body["error"]["message"] for s in sims), body
     finally:
         r.stop()
         for s in sims:

@@ -61,12 +61,12 @@ def test_what_cannot_be_split_is_refused() -> None:
 
 
 def test_a_prefill_answer_without_transfer_parameters_is_a_502_that_says_so() -> None:
-    assert transfer_params(b'{"kv_transfer_params": {"remote_engine_id": "e"}}', "http://p") == {
+    assert transfer_params(b'{"kv_transfer_params": {"remote_engine_id": "e"}}', "w-0123456789ab") == {
         "remote_engine_id": "e"
     }
     for answer in (b'{"choices": []}', b'{"kv_transfer_params": null}', b'{"kv_transfer_params": {}}'):
         with pytest.raises(UpstreamError) as err:
-            transfer_params(answer, "http://p:8000")
-        assert err.value.code == "missing_kv_transfer_params" and "http://p:8000" in err.value.message
+            transfer_params(answer, "w-0123456789ab")
+        assert err.value.code == "missing_kv_transfer_params" and "w-0123456789ab" in err.value.message
     with pytest.raises(UpstreamError, match="no JSON object"):
-        transfer_params(b"<html>", "http://p")
+        transfer_params(b"<html>", "w-0123456789ab")
