@@ -28,11 +28,9 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -47,48 +45,19 @@ from bench_proxy import (  # noqa: E402
     SUT_CORE,
     Cell,
     Measured,
-    Run,
+    added_p50_us,
     check,
     fmt,
     git,
+    measure,
     start_router,
     start_sims,
-    tree_cpu,
-    wrk,
 )
 from fleet import stop_all  # noqa: E402
 from support.envoy import Envoy, start_envoy  # noqa: E402
 from support.procs import Proc, Router, Sim, free_port  # noqa: E402
 
 TARGETS = ("direct", "envoy", "smg", "epp")
-
-
-def measure(url: str, cell: Cell, *, seconds: int, warmup: int, smg: Sequence[Proc], envoy: Sequence[Proc]) -> Run:
-    """One wrk run at ``url``; ``cpu_us`` is SMG's per request, ``worker_cpu_us`` here Envoy's."""
-    if warmup:
-        wrk(url, cell, warmup, "warm" + uuid.uuid4().hex[:8])
-    smg0, envoy0 = tree_cpu(smg), tree_cpu(envoy)
-    s = wrk(url, cell, seconds, uuid.uuid4().hex[:8])
-    smg1, envoy1 = tree_cpu(smg), tree_cpu(envoy)
-    n = max(1, s["requests"])
-    lat = s["latency_us"]
-    return Run(
-        requests=s["requests"],
-        seconds=s["duration_us"] / 1e6,
-        rps=s["requests"] / (s["duration_us"] / 1e6),
-        p50_ms=lat["p50"] / 1e3,
-        p99_ms=lat["p99"] / 1e3,
-        errors=s["errors"],
-        cpu_us=(smg1 - smg0) / n * 1e6 if smg else None,
-        worker_cpu_us=(envoy1 - envoy0) / n * 1e6,
-    )
-
-
-def added_us(m: Measured, base: Measured | None) -> float | None:
-    """Median over repetitions of p50 minus the base's p50 in the same repetition, in µs."""
-    if base is None or len(base.runs) != len(m.runs) or not m.runs:
-        return None
-    return statistics.median((r.p50_ms - b.p50_ms) * 1e3 for r, b in zip(m.runs, base.runs, strict=True))
 
 
 def per_chunk_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> float | None:
@@ -98,8 +67,8 @@ def per_chunk_us(m: Measured, results: dict[tuple[str, Cell], Measured]) -> floa
     if not m.cell.stream or not chunks:
         return None
     whole_cell = Cell(m.cell.endpoint, False, m.cell.concurrency)
-    whole, direct = results.get((m.target, whole_cell)), results.get(("direct", m.cell))
-    added, added_whole = added_us(m, direct), added_us(whole, results.get(("direct", whole_cell))) if whole else None
+    whole = results.get((m.target, whole_cell))
+    added, added_whole = added_p50_us(m, results), added_p50_us(whole, results) if whole else None
     if added is None or added_whole is None:
         return None
     return float((added - added_whole) / chunks)
@@ -120,12 +89,11 @@ def table(results: dict[tuple[str, Cell], Measured], cells: Sequence[Cell]) -> s
     ]
     rows = [f"| {' | '.join(names)} |", f"|{' --- |' * len(names)}"]
     for cell in sorted(cells, key=lambda c: (c.concurrency, c.endpoint != "generate", c.stream)):
-        direct = results.get(("direct", cell))
         for target in TARGETS:
             m = results.get((target, cell))
             if m is None:
                 continue
-            added = added_us(m, direct) if target != "direct" else None
+            added = added_p50_us(m, results) if target != "direct" else None
             per_chunk = per_chunk_us(m, results) if target != "direct" else None
             envoy_cpu = m.stat("worker_cpu_us") if target in ("envoy", "epp") else None
             rows.append(
@@ -200,7 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(args.reps):
             for cell in cells:
                 for t in TARGETS[rep % len(TARGETS) :] + TARGETS[: rep % len(TARGETS)]:
-                    run = measure(urls[t], cell, seconds=args.duration, warmup=args.warmup, smg=smg[t], envoy=envoys[t])
+                    run = measure(
+                        urls[t], cell, seconds=args.duration, warmup=args.warmup, routers=smg[t], sims=envoys[t]
+                    )
                     results[(t, cell)].runs.append(run)
                     print(
                         f"rep {rep + 1}/{args.reps} c={cell.concurrency} {cell.label:14} {t:7} {run.rps:7.0f} req/s  "
@@ -240,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     k: (s[0] if (s := m.stat(k)) else None)
                     for k in ("cpu_us", "worker_cpu_us", "p50_ms", "p99_ms", "rps")
                 },
-                "added_p50_us": added_us(m, results.get(("direct", m.cell))) if m.target != "direct" else None,
+                "added_p50_us": added_p50_us(m, results) if m.target != "direct" else None,
                 "runs": [asdict(r) for r in m.runs],
             }
             for m in results.values()

@@ -295,8 +295,9 @@ def check(url: str, cell: Cell) -> dict[str, Any]:
     return {"status": status, "ok": ok, "chunks": len(events) - 1}
 
 
-def measure(url: str, cell: Cell, *, seconds: int, warmup: int, routers: Sequence[Router], sims: Sequence[Sim]) -> Run:
-    """One wrk run at ``url``; CPU per request of ``routers`` (the one under test, and its peer if it has one)."""
+def measure(url: str, cell: Cell, *, seconds: int, warmup: int, routers: Sequence[Proc], sims: Sequence[Proc]) -> Run:
+    """One wrk run at ``url``; CPU per request of ``routers`` (the one under test, and its peer if it has one) as
+    ``cpu_us`` and of ``sims`` (the workers, or whatever else the caller watches) as ``worker_cpu_us``."""
     if warmup:
         wrk(url, cell, warmup, "warm" + uuid.uuid4().hex[:8])
     cpu0, wcpu0 = tree_cpu(routers), tree_cpu(sims)
