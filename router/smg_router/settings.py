@@ -29,7 +29,7 @@ class PolicySettings:
     cache_threshold: float = 0.3
     """A match is a hit only when matched_chars / len(text) is strictly greater than this."""
     balance_rel_threshold: float = 1.5
-    """A worker is over the load gate when a request would wait for a running slot there, another worker would
+    """A worker is over the load gate when requests already wait for a running slot there, another worker would
     make it wait less, and its load is greater than the least load times this (``placement.within_gate``)."""
     tree_memory_budget: int = 256 * 2**20
     """Estimated bytes all the cache-aware trees of the router may hold together (every policy instance,
@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--balance-rel-threshold",
         pol.balance_rel_threshold,
         type=float,
-        help="load gate: a worker is over it when a request would wait for a running slot there, another worker "
+        help="load gate: a worker is over it when requests already wait for a running slot there, another worker "
         "would make it wait less, and its load is more than the least load times this",
         why="the SGLang router's default; the slots are the engine's own (reported, or seen when requests wait)",
     )

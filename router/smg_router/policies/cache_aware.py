@@ -11,8 +11,8 @@ Inputs
   started their answer (they join its prefill: the engine computes it once);
 - what each worker prefills: the requests this router sent it that have not started their answer
   (``Worker.prefilling``): engines prefill before they decode, so a new prompt waits for the prefills ahead of it;
-- the gate: a worker is over it when a request sent there would wait for a running slot (its load is at least
-  the requests its engine runs at once, ``LoadView.running_slots``), another worker would make it wait less, and
+- the gate: a worker is over it when requests already wait there for a running slot (its load is more than the
+  requests its engine runs at once, ``LoadView.running_slots``), another worker would make it wait less, and
   its load is more than ``balance_rel_threshold`` times the least (``placement.within_gate``).
 
 Branches

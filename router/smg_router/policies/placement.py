@@ -44,15 +44,17 @@ def rendezvous_score(key: int, worker_id: str) -> int:
 
 
 def within_gate(loads: Sequence[int], slots: Sequence[int | None], settings: PolicySettings) -> list[bool]:
-    """Per worker: not over the load gate.  A worker is over it when a request sent there would wait for a running
-    slot (its load is at least its engine's running slots), another worker would make it wait less (fewer requests
+    """Per worker: not over the load gate.  A worker is over it when requests already wait there for a running
+    slot (its load is more than its engine's running slots), another worker would make it wait less (fewer requests
     beyond its slots, or a free one), and its load is more than ``balance_rel_threshold`` times the least load.
+    Every slot busy with none waiting is not over: the request starts at the next finish, which a miss elsewhere
+    rarely beats by its prefill (and on an engine that keeps one prompt per slot a miss evicts another prompt).
     An engine whose running slots are not known (``LoadView.running_slots``) has shown no limit: never over."""
     lo = min(loads) * settings.balance_rel_threshold
     # Requests beyond the running slots; an engine that showed no limit counts as one with a free slot.
     excess = [-1 if n is None else x - n for x, n in zip(loads, slots, strict=True)]
     least = min(excess)
-    return [e < 0 or e <= least or x <= lo for e, x in zip(excess, loads, strict=True)]
+    return [e <= 0 or e <= least or x <= lo for e, x in zip(excess, loads, strict=True)]
 
 
 def rendezvous_ranked(workers: Sequence[Worker], ok: Sequence[bool], key: int, count: int) -> list[int]:

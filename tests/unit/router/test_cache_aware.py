@@ -133,10 +133,14 @@ def test_imbalance_uses_backend_backlog_even_without_local_inflight(env: Env) ->
 @pytest.mark.parametrize(
     ("slots", "loads", "within"),
     [
-        # engines of 16 slots: a worker is over only once a request would wait there (16 running) and not elsewhere
+        # engines of 16 slots: a worker is over only once requests wait there (past 16 running) and not elsewhere
         ((16, 16), (15, 0), (True, True)),
-        ((16, 16), (16, 0), (False, True)),
-        ((16, 16), (16, 15), (True, True)),  # 16 is not more than 1.5 times 15
+        ((16, 16), (16, 0), (True, True)),  # every slot busy, none waiting: the request starts at the next finish
+        ((16, 16), (17, 0), (False, True)),
+        ((16, 16), (17, 15), (True, True)),  # 17 is not more than 1.5 times 15
+        # llama.cpp's 2 slots: both busy is no queue; one waiting is
+        ((2, 2), (2, 0), (True, True)),
+        ((2, 2), (3, 0), (False, True)),
         ((16, 16), (40, 17), (False, True)),  # both full: it waits less on the other, and 40 > 25.5
         ((16, 16), (24, 17), (True, True)),  # both full, within the relative threshold: not worth a prefill
         # a 256-slot engine is not over at 40 requests, where a 16-slot one is
@@ -159,10 +163,12 @@ def test_the_load_gate_is_the_engines_running_slots(
     assert within_gate(loads, slots, PolicySettings()) == list(within)
 
 
-@pytest.mark.parametrize(("hi", "lo", "imbalanced"), [(5, 0, True), (4, 0, False), (200, 140, False), (300, 100, True)])
+@pytest.mark.parametrize(
+    ("hi", "lo", "imbalanced"), [(6, 0, True), (5, 0, False), (4, 0, False), (200, 140, False), (300, 100, True)]
+)
 def test_imbalance_needs_both_conditions(hi: int, lo: int, imbalanced: bool) -> None:
-    """Engines of 5 running slots: the holder is over the gate at 5 against an idle worker, never within 1.5 times
-    the least load."""
+    """Engines of 5 running slots: the holder is over the gate at 6 (one request waiting) against an idle worker,
+    never within 1.5 times the least load."""
     env = Env(slots=5)
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
@@ -495,12 +501,12 @@ def test_requests_sent_since_the_poll_count_on_top_of_the_polled_backlog() -> No
     env.loads.record(holder.id, 3, at=NOW, inflight=0)  # 3 running, none of them ours
     env.loads.record(other.id, 3, at=NOW, inflight=0)
     got = []
-    for _ in range(6):
+    for _ in range(7):
         w = p.select(workers, RouteRequest("m", text + "?"), NOW)
         w.inflight += 1  # the proxy's guard holds it
         got.append(w)
-    assert got[:5] == [holder] * 5  # 3 + 4 = 7: a running slot of its 8 still free
-    assert got[5] is other  # 3 + 5 = 8: a request would wait there, not on the other: spilled
+    assert got[:6] == [holder] * 6  # 3 + 5 = 8: every running slot of its 8 busy, none waiting yet
+    assert got[6] is other  # 3 + 6 = 9: a request already waits there, not on the other: spilled
     # requests that finished take their share back out; the poll's own count of ours is not counted twice
     holder.inflight = 0
     env.loads.record(holder.id, 3, at=NOW, inflight=5)
