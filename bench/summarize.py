@@ -1,7 +1,8 @@
 """The small summary of a benchmark result that the repository keeps (``bench/summaries/``).
 
-Usage:  python bench/summarize.py KIND RESULT.json [RESULT.json ...] > bench/summaries/NAME.json
-(KIND: proxy, epp, routing, llamacpp, compare or soak)
+Usage:  python bench/summarize.py KIND [--targets T1,T2,...] RESULT.json [RESULT.json ...] > bench/summaries/NAME.json
+(KIND: proxy, epp, routing, llamacpp, compare or soak; ``--targets``: keep only the rows or cells of these targets,
+so one run of several comparisons makes a summary per comparison, each small enough)
 
 A benchmark writes its whole result to ``bench/out/`` (ignored by git): every repetition, every worker's samples.
 ``docs/benchmarks.md`` quotes a few figures of the latest run; the summary keeps exactly the figures a reader needs
@@ -130,16 +131,21 @@ def soak(doc: dict[str, Any]) -> dict[str, Any]:
 KINDS = {"proxy": proxy, "epp": proxy, "routing": routing, "llamacpp": routing, "compare": compare, "soak": soak}
 
 
-def summarize(kind: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(kind: str, docs: Sequence[dict[str, Any]], *, targets: Sequence[str] = ()) -> dict[str, Any]:
+    key = "cells" if kind in ("proxy", "epp") else "rows"
     parts = [KINDS[kind](d) for d in docs]
+    if targets:
+        parts = [{**p, key: [r for r in p[key] if r.get("target") in targets]} for p in parts]
     if len(parts) == 1:
         return parts[0]
-    key = "cells" if kind in ("proxy", "epp") else "rows"
     runs = [{k: v for k, v in p.items() if k != key} for p in parts]
     return {"runs": runs, key: [{"run": i, **r} for i, p in enumerate(parts) for r in p[key]]}
 
 
 def main(argv: Sequence[str]) -> int:
+    targets: list[str] = []
+    if len(argv) > 2 and argv[1] == "--targets":
+        targets, argv = argv[2].split(","), [argv[0], *argv[3:]]
     if len(argv) < 2 or argv[0] not in KINDS:
         print(__doc__, file=sys.stderr)
         return 2
@@ -147,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
     for path in argv[1:]:
         with open(path) as f:
             docs.append(json.load(f))
-    print(dumps(summarize(argv[0], docs)))
+    print(dumps(summarize(argv[0], docs, targets=targets)))
     return 0
 
 

@@ -4,7 +4,8 @@ Reuses ``tests/support/procs.py`` (``Proc`` logs to a file, starts its own sessi
 PID).  Workers each get their own 127.0.0.x address, like pods; router replicas listen on 127.0.0.1.  All the
 replicas of one cell are launched before any is waited for, so eight replicas start about as fast as one.
 A target ``smg:...@REV`` runs smg-router of git revision REV (``target_code``: ``git archive`` into a temp dir put
-first on that target's PYTHONPATH), so a before/after comparison runs in one run.
+first on that target's PYTHONPATH), so a before/after comparison runs in one run.  ``rust:<policy>`` is the Rust
+``smg`` 1.13 and ``vllm:<policy>`` vLLM's router (``vllm-router`` 0.1.17), both from PyPI in venvs of their own.
 """
 
 from __future__ import annotations
@@ -34,15 +35,18 @@ SMG_LOAD_MONITOR_S = 1.0
 """smg-router's default ``--load-monitor-interval``; scaled by ``--time-scale`` (see ``router_argv``)."""
 RUST_LOAD_MONITOR_S = 10.0
 """The Rust smg's default ``--load-monitor-interval`` (its help: used by power_of_two)."""
+VLLM_BIN = "/tmp/vllm-router/bin/vllm-router"
+"""vLLM's router (``python3 -m venv /tmp/vllm-router && /tmp/vllm-router/bin/pip install 'vllm-router==0.1.17'``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A router under test: ``smg:<policy>`` (this repo's smg-router) or ``rust:<policy>`` (``smg`` 1.13);
-    ``smg:<policy>+peers``: the replicas of a cell are each other's ``--peer``; ``+events``: every replica reads the
-    workers' KV events and tokenizes with the sim's tokenizer (the sims publish them); a ``~NAME`` suffix adds the flags
-    of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one run; a last
-    ``@REV`` (smg only, e.g. ``smg:cache_aware+peers~nohold@82e7b8e``) runs smg-router of git revision REV
+    """A router under test: ``smg:<policy>`` (this repo's smg-router), ``rust:<policy>`` (``smg`` 1.13) or
+    ``vllm:<policy>`` (vLLM's router, ``vllm-router`` 0.1.17); ``smg:<policy>+peers``: the replicas of a cell are each
+    other's ``--peer``; ``+events`` (smg, vllm): every replica reads the workers' KV events (the sims publish them),
+    smg-router tokenizing with the sim's tokenizer (vLLM's asks the worker to render the prompt); a ``~NAME`` suffix
+    adds the flags of ``--variant NAME="FLAGS"`` to every replica, so arms of one comparison run side by side in one
+    run; a last ``@REV`` (smg only, e.g. ``smg:cache_aware+peers~nohold@82e7b8e``) runs smg-router of git revision REV
     (``rev``, kept as written in ``name``; without it: ``--router-commit``, else the working tree)."""
 
     kind: str
@@ -72,14 +76,15 @@ class Target:
         policy, *modifiers = policy.split("+")
         if (
             not sep
-            or kind not in ("smg", "rust")
+            or kind not in ("smg", "rust", "vllm")
             or not policy
-            or (modifiers and (kind != "smg" or not set(modifiers) <= {"peers", "events"}))
+            or not set(modifiers) <= {"smg": {"peers", "events"}, "vllm": {"events"}}.get(kind, set())
             or len(set(modifiers)) != len(modifiers)
             or (at and (not rev or kind != "smg"))
         ):
             raise ValueError(
-                f"target {whole!r}: expected smg:<policy>[+peers][+events][~VARIANT][@REV] or rust:<policy>[~VARIANT]"
+                f"target {whole!r}: expected smg:<policy>[+peers][+events][~VARIANT][@REV], rust:<policy>[~VARIANT]"
+                " or vllm:<policy>[+events][~VARIANT]"
             )
         if tilde and variant not in (variants or {}):
             raise ValueError(f"target {whole}: no --variant {variant}=FLAGS")
@@ -238,6 +243,8 @@ class Launch:
     smg_args: Sequence[str] = ()
     rust_args: Sequence[str] = ()
     rust_bin: str = "/tmp/smg-rust/bin/smg"
+    vllm_args: Sequence[str] = ()
+    vllm_bin: str = VLLM_BIN
     router_pythonpath: Path | None = None
     kv_events: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """Worker url -> where its KV events are (for a ``+events`` target)."""
@@ -255,6 +262,16 @@ class Launch:
                 *(a for p in (peers if t.peers else ()) for a in ("--peer", f"http://127.0.0.1:{p}")),
                 *(self._events_args() if t.events else ()),
                 *self.smg_args,
+                *t.flags,
+            ]
+        if t.kind == "vllm":
+            return [
+                *(self.vllm_bin, "--host", "127.0.0.1", "--port", str(port), "--policy", t.policy),
+                # its metrics server: loopback (its default too) and a port of its own (29000 by default)
+                *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port("127.0.0.1"))),
+                *("--log-level", "warning", "--worker-urls", *self.workers),
+                *(self._vllm_events_args() if t.events else ()),
+                *self.vllm_args,
                 *t.flags,
             ]
         return [
@@ -276,6 +293,14 @@ class Launch:
             args += ["--kv-events", f"{url}={endpoint},{replay}"]
         return args
 
+    def _vllm_events_args(self) -> list[str]:
+        """vLLM's router reads each worker's events from static sources (its ``kv_aware`` policy); it tokenizes by
+        asking the worker to render the prompt (``/v1/completions/render``, ``/v1/chat/completions/render``)."""
+        args = ["--kv-event-model", MODEL]
+        for url, (endpoint, replay) in self.kv_events.items():
+            args += ["--kv-event-source", f"{url}={endpoint}", "--kv-event-replay-source", f"{url}={replay}"]
+        return args
+
     def env(self) -> dict[str, str]:
         if self.target.kind == "smg" and self.router_pythonpath is not None:
             paths = [str(self.router_pythonpath), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -291,6 +316,7 @@ class Launch:
             status, body = http_json("GET", router.url + "/workers", timeout=1)
             routable = status == 200 and sum(bool(w["routable"]) for w in body["workers"]) == len(self.workers)
             return routable and http_json("GET", router.url + "/readiness", timeout=1)[0] == 200
+        # the Rust smg and vLLM's router answer /readiness alike
         status, body = http_json("GET", router.url + "/readiness", timeout=1)
         return status == 200 and body.get("healthy_workers") == len(self.workers)
 

@@ -50,6 +50,7 @@ sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 import aiohttp  # noqa: E402
 from fleet import (  # noqa: E402
+    VLLM_BIN,
     Launch,
     Target,
     TargetCode,
@@ -102,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--targets",
         type=_csv(str),
         default=DEFAULT_TARGETS.split(","),
-        help=f"smg:<policy>[+peers][~VARIANT][@REV] / rust:<policy>[~VARIANT] / {PINNED} (no router: the reference"
+        help=f"smg:<policy>[+peers][~VARIANT][@REV] / rust:<policy>[~VARIANT] / vllm:<policy>[~VARIANT] / {PINNED}"
+        " (no router: the reference"
         " schedule)",
     )
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
@@ -122,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), as in run.py',
     )
     p.add_argument("--rust-bin", default=RUST_BIN)
+    p.add_argument("--vllm-bin", default=VLLM_BIN, help="vLLM's router, for the targets vllm:<policy>")
     p.add_argument(
         "--router-commit",
         default=None,
@@ -526,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                             save()
                         continue
                     cell = {"target": target.name, "replicas": replicas}
-                    if target.kind == "rust" and not os.access(a.rust_bin, os.X_OK):
-                        print(f"skip {target.name}: no {a.rust_bin}", file=sys.stderr)
+                    binary = {"rust": a.rust_bin, "vllm": a.vllm_bin}.get(target.kind)
+                    if binary and not os.access(binary, os.X_OK):
+                        print(f"skip {target.name}: no {binary}", file=sys.stderr)
                         continue
                     engines = fleet.restart()
                     head, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain", "router"))
@@ -538,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                         smg_args=a.router_arg,
                         rust_args=a.rust_arg,
                         rust_bin=a.rust_bin,
+                        vllm_bin=a.vllm_bin,
                         router_pythonpath=code[target].pythonpath if target in code else None,
                     )
                     try:

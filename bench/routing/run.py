@@ -4,6 +4,7 @@ Usage (from the repository root, with the project's venv):
     .venv/bin/python bench/routing/run.py [--workload shared_prefix] [--targets smg:cache_aware,smg:round_robin,...]
         [--replicas 1,2,4,8] [--loads 0.6,0.8,0.95] [--workers 4] [--kv-capacity N] [--seed 1]
         [--time-scale 0.25] [--capacity-basis cold|oracle] [--router-arg=--flag=value ...] [--rust-arg=...]
+        [--vllm-arg=...]
         [--router-commit REV] [--out results.json] [--plots DIR] [--quick]
 
 For each workload, starts ``--workers`` smg-sim workers with finite KV (tokens = characters), then for every
@@ -38,6 +39,7 @@ sys.path[:0] = [str(HERE), str(ROOT / "tests")]
 
 from capacity import CostModel, fleet_capacity  # noqa: E402
 from fleet import (  # noqa: E402
+    VLLM_BIN,
     Launch,
     Target,
     TargetCode,
@@ -74,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--targets",
         type=_csv(str),
         default=DEFAULT_TARGETS.split(","),
-        help="smg:<policy>[+peers][~VARIANT][@REV] / rust:<policy>[~VARIANT]",
+        help="smg:<policy>[+peers][+events][~VARIANT][@REV] / rust:<policy>[~VARIANT]"
+        " / vllm:<policy>[+events][~VARIANT]",
     )
     p.add_argument("--replicas", type=_csv(int), default=[1, 2, 4, 8])
     p.add_argument("--loads", type=_csv(float), default=[0.6, 0.8, 0.95], help="fractions of the fleet's capacity")
@@ -100,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per simulated second")
     p.add_argument("--router-arg", action="append", default=[], help="extra flag for every smg-router (repeatable)")
     p.add_argument("--rust-arg", action="append", default=[], help="extra flag for every Rust smg (repeatable)")
+    p.add_argument("--vllm-arg", action="append", default=[], help="extra flag for every vLLM router (repeatable)")
     p.add_argument(
         "--variant",
         action="append",
@@ -107,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help='NAME="FLAGS": the flags of a target written TARGET~NAME (repeatable), e.g. a="--cache-threshold 0.5"',
     )
     p.add_argument("--rust-bin", default=RUST_BIN)
+    p.add_argument("--vllm-bin", default=VLLM_BIN, help="vLLM's router, for the targets vllm:<policy>")
     p.add_argument(
         "--router-commit",
         default=None,
@@ -246,8 +251,9 @@ def run_workload(
                 rng = random.Random(f"arrivals:{a.seed}:{name}:{load}")
                 offsets = [t * a.time_scale for t in arrivals(workload, load * capacity, rng)]
                 for target in a.targets:
-                    if target.kind == "rust" and not os.access(a.rust_bin, os.X_OK):
-                        print(f"skip {target.name}: no {a.rust_bin}", file=sys.stderr)
+                    binary = {"rust": a.rust_bin, "vllm": a.vllm_bin}.get(target.kind)
+                    if binary and not os.access(binary, os.X_OK):
+                        print(f"skip {target.name}: no {binary}", file=sys.stderr)
                         continue
                     cell = {"workload": name, "target": target.name, "replicas": replicas, "load": load}
                     launch = Launch(
@@ -257,6 +263,8 @@ def run_workload(
                         smg_args=a.router_arg,
                         rust_args=a.rust_arg,
                         rust_bin=a.rust_bin,
+                        vllm_args=a.vllm_arg,
+                        vllm_bin=a.vllm_bin,
                         router_pythonpath=code[target].pythonpath if target in code else None,
                         kv_events=endpoints,
                     )

@@ -6,11 +6,14 @@ import random
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # fleet.py uses tests/support
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pytest
 from capacity import CostModel, fleet_capacity
+from fleet import Launch, Target
 from oracle import common_prefix_len, oracle_cached
-from workloads import WORKLOADS, arrivals, build, sim_answer
+from workloads import MODEL, WORKLOADS, arrivals, build, sim_answer
 
 
 def _naive_lcp(a: str, b: str) -> int:
@@ -86,3 +89,53 @@ def test_capacity_is_slower_cold_than_with_the_cache() -> None:
     warm = fleet_capacity(cost, workers=4, prompts=[2062], uncached=[62], max_tokens=[16])
     assert cost.batch(2078) == 3
     assert 6.0 < cold < 7.0 and warm > 4 * cold
+
+
+def test_a_vllm_target_parses_with_events_and_a_variant_but_no_peers_or_commit() -> None:
+    t = Target.parse("vllm:kv_aware+events~t", {"t": ["--router-temperature", "0.5"]})
+    assert (t.kind, t.policy, t.events, t.peers, t.flags) == (
+        "vllm",
+        "kv_aware",
+        True,
+        False,
+        ("--router-temperature", "0.5"),
+    )
+    assert t.name == "vllm:kv_aware+events~t"
+    assert Target.parse("vllm:cache_aware") == Target("vllm", "cache_aware")
+    for bad in (
+        "vllm:cache_aware+peers",
+        "vllm:cache_aware@HEAD",
+        "rust:cache_aware+events",
+        "vllm:",
+        "tgi:cache_aware",
+    ):
+        with pytest.raises(ValueError, match="vllm:<policy>"):
+            Target.parse(bad)
+
+
+def test_a_vllm_replica_gets_its_own_metrics_port_and_with_events_every_workers_sources() -> None:
+    workers = ["http://127.0.1.10:30000", "http://127.0.1.11:30000"]
+    events = {w: (f"tcp://{w[7:17]}:1{i}", f"tcp://{w[7:17]}:2{i}") for i, w in enumerate(workers)}
+    plain = Launch(
+        target=Target.parse("vllm:cache_aware"),
+        workers=workers,
+        time_scale=0.25,
+        vllm_bin="/x/vllm-router",
+        vllm_args=["--cache-threshold", "0.5"],
+        kv_events=events,
+    ).argv(4000)
+    assert plain[:7] == ["/x/vllm-router", "--host", "127.0.0.1", "--port", "4000", "--policy", "cache_aware"]
+    assert plain[plain.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert int(plain[plain.index("--prometheus-port") + 1]) not in (0, 4000, 29000)
+    assert plain[plain.index("--worker-urls") + 1 :][:2] == workers
+    assert plain[-2:] == ["--cache-threshold", "0.5"]
+    assert "--kv-event-source" not in plain  # events only for a +events target
+
+    argv = Launch(target=Target.parse("vllm:kv_aware+events"), workers=workers, time_scale=0.25, kv_events=events).argv(
+        4001
+    )
+    assert argv[argv.index("--kv-event-model") + 1] == MODEL
+    sources = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-source"]
+    replays = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-replay-source"]
+    assert sources == [f"{w}={events[w][0]}" for w in workers]
+    assert replays == [f"{w}={events[w][1]}" for w in workers]

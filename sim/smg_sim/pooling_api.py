@@ -1,5 +1,5 @@
-"""The non-generative endpoints: embeddings, rerank, score, classify, tokenize/detokenize and chat render (vLLM
-shapes), audio.
+"""The non-generative endpoints: embeddings, rerank, score, classify, tokenize/detokenize and chat and completion
+render (vLLM shapes), audio.
 
 None of them runs through the engine's batch (a real engine's pooling pass is short next to generation);
 each answers from the text alone, deterministically.  An embedding is a hashed bag of words, normalised, so
@@ -215,6 +215,33 @@ async def chat_render(request: web.Request) -> web.Response:
             "features": None,
             "sampling_params": sampling,
         }
+    )
+
+
+async def completions_render(request: web.Request) -> web.Response:
+    """POST /v1/completions/render (vLLM shape): each prompt (a string or a list of them) tokenized, answered as the
+    list of generate requests an engine would run; nothing runs and nothing is cached.  vLLM's own router asks it
+    before a cache-aware or KV-aware choice of a completion."""
+    state, body = await gen.admit(request)
+    prompt = body.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ApiError(400, "prompt (a string or a non-empty list of strings) is required")
+    max_tokens = gen.parse_max_tokens(
+        body.get("max_tokens"), name="max_tokens", default=state.config.max_tokens_default, minimum=1
+    )
+    sampling = {"max_tokens": max_tokens, "temperature": body.get("temperature", 1.0), "stop": body.get("stop") or []}
+    return json_response(
+        [
+            {
+                "request_id": "cmpl-" + uuid.uuid4().hex,
+                "token_ids": encode(p),
+                "features": None,
+                "sampling_params": sampling,
+                "model": state.config.model,
+            }
+            for p in prompts
+        ]
     )
 
 

@@ -93,6 +93,7 @@ def create_app(config: SimConfig, *, crash: Callable[[], None] | None = None) ->
     add.add_post("/v1/tokenize", pooling_api.tokenize)
     add.add_post("/v1/detokenize", pooling_api.detokenize)
     add.add_post("/v1/chat/completions/render", pooling_api.chat_render)
+    add.add_post("/v1/completions/render", pooling_api.completions_render)
     add.add_post("/v1/audio/transcriptions", pooling_api.transcriptions)
     return app
 

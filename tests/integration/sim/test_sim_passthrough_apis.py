@@ -127,10 +127,27 @@ async def test_chat_render_answers_the_prompt_token_ids_the_engine_would_run(sim
     assert loads["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the render cached nothing
 
 
+async def test_completion_render_answers_one_generate_request_per_prompt(sim: SimServer, http) -> None:
+    """vLLM's ``/v1/completions/render`` (what vLLM's own router asks before a cache-aware or KV-aware choice of a
+    completion): a list of generate requests, one per prompt, with the token ids ``/v1/tokenize`` gives."""
+    status, rendered = await post(http, sim.url + "/v1/completions/render", {"prompt": "héllo", "max_tokens": 5})
+    assert status == 200 and isinstance(rendered, list) and len(rendered) == 1, rendered
+    _, tokenized = await post(http, sim.url + "/v1/tokenize", {"prompt": "héllo"})
+    assert rendered[0]["token_ids"] == tokenized["tokens"] and rendered[0]["sampling_params"]["max_tokens"] == 5
+    assert rendered[0]["request_id"].startswith("cmpl-") and rendered[0]["model"] == MODEL
+    _, two = await post(http, sim.url + "/v1/completions/render", {"prompt": ["ab", "abc"]})
+    assert [r["token_ids"] for r in two] == [[97, 98], [97, 98, 99]]
+    _, loads = await post(http, sim.url + "/v1/completions", {"prompt": "héllo", "max_tokens": 1})
+    assert loads["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the render cached nothing
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
         ("/v1/chat/completions/render", {"messages": "hello"}),
+        ("/v1/completions/render", {"prompt": []}),
+        ("/v1/completions/render", {"prompt": [1, 2]}),
+        ("/v1/completions/render", {"prompt": "x", "max_tokens": 0}),
         ("/v1/chat/completions/render", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
         ("/v1/embeddings", {"input": {}}),
         ("/v1/rerank", {"query": 1, "documents": []}),

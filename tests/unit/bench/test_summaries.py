@@ -85,6 +85,24 @@ def test_several_results_become_one_summary_with_numbered_runs() -> None:
     assert [r["command"] for r in doc["runs"]] == ["run.py", "run.py"]
 
 
+def test_a_summary_of_some_targets_keeps_only_their_rows(tmp_path: Path) -> None:
+    result = _routing_result()
+    result["rows"] += [{**result["rows"][0], "target": "smg:cache_aware+events"}, {**result["rows"][0], "target": "x"}]
+    doc = summarize("compare", [result, result], targets=["smg:cache_aware", "x"])
+    assert [(r["run"], r["target"]) for r in doc["rows"]] == [
+        (0, "smg:cache_aware"),
+        (0, "x"),
+        (1, "smg:cache_aware"),
+        (1, "x"),
+    ]
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result))
+    script = str(ROOT / "bench" / "summarize.py")
+    argv = [sys.executable, script, "routing", "--targets", "smg:cache_aware+events", str(path)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert [r["target"] for r in json.loads(out)["rows"]] == ["smg:cache_aware+events"]
+
+
 def test_a_proxy_summary_keeps_medians_and_spreads_not_runs() -> None:
     runs = [{"cpu_us": 100.0, "p99_ms": 9.0}, {"cpu_us": 120.0, "p99_ms": 7.0}, {"cpu_us": None, "p99_ms": 8.0}]
     cell = {
