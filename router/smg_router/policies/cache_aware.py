@@ -19,7 +19,9 @@ Branches
 1. hit: the match covers more than ``cache_threshold`` of the prompt (in a chat, at least its placement key: a
    system prompt every conversation shares says nothing of this one).  The request goes to the holder within the
    gate that prefills the fewest requests, then the least loaded, then the first by rendezvous rank.  If every
-   holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``.  If no holder is routable it
+   holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``; unless no other worker within
+   the gate has a free slot on an engine that keeps one prompt per slot (a spill would evict a whole prompt): then
+   the holders as above.  If no holder is routable it
    is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
@@ -275,7 +277,7 @@ class CacheAwarePolicy(Policy):
             if any(key_text in workers[i].joining for i in holders):  # requests that join its prefill
                 gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
                 gate = within_gate(gated, slots, s)
-            usable = [i for i in holders if gate[i]]
+            usable = [i for i in holders if gate[i]] or self._waits(workers, ok, holders, key)
             if usable:
                 branch = "hit"
                 chosen = min(
@@ -307,6 +309,16 @@ class CacheAwarePolicy(Policy):
             cold=held < len(key_text),
             fallback=fallback,
         )
+
+    def _waits(self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key: int) -> list[int]:
+        """The holders, when every holder is over the gate and no other worker within it has a free slot for the
+        prompt on an engine that keeps one prompt per slot: a spill there evicts a whole other prompt, whose next
+        request is cold too, while waiting costs one request.  Else none (the hit spills)."""
+        slots = self.ctx.loads.slots
+        for i, w in enumerate(workers):
+            if ok[i] and i not in holders and (slots(w.id) is None or self._slot_room(w, key)):
+                return []
+        return holders
 
     def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
@@ -365,18 +377,22 @@ class CacheAwarePolicy(Policy):
         engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more
         prompts than it keeps."""
-        slots = self.ctx.loads.slots(worker.id)
-        if slots is not None:
-            held = self._held.get(worker.url)
-            if held is None:
-                return True
-            while len(held) > slots:  # kept while its slots were not known yet
-                held.popitem(last=False)
-            return key in held or len(held) < slots
+        if self.ctx.loads.slots(worker.id) is not None:
+            return self._slot_room(worker, key)
         if isinstance(index, EventIndex) and index.full(worker.url):
             return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
+
+    def _slot_room(self, worker: Worker, key: int) -> bool:
+        """On an engine that keeps one prompt per slot: whether a slot is free for the prompt's key, or holds it."""
+        slots = self.ctx.loads.slots(worker.id)
+        held = self._held.get(worker.url)
+        if slots is None or held is None:
+            return True
+        while len(held) > slots:  # kept while its slots were not known yet
+            held.popitem(last=False)
+        return key in held or len(held) < slots
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

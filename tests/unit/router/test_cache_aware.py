@@ -600,6 +600,32 @@ def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() 
     assert workers[0].url not in p._held
 
 
+def test_a_hit_on_a_busy_slot_engine_waits_rather_than_evict_another_groups_slot() -> None:
+    """On engines that keep one prompt per slot a spill evicts a whole other group's prompt (its next request is cold
+    too): a hit whose holder is over the gate waits there unless some worker within the gate has a free slot.
+    llama.cpp's 2-slot engines kept 0.75 of their cached share instead of 0.93 when such spills happened."""
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    for w in workers:
+        env.loads.record_kv(w.id, 8192, slots=2)
+
+    def group(i: int) -> str:
+        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
+
+    holder, other = workers
+    assert p.observe("m", holder.url, group(0), 0)
+    assert p.observe("m", holder.url, group(1), 0)
+    assert p.observe("m", other.url, group(2), 0)  # one of its two slots free
+    env.loads.record(holder.id, 3, at=NOW)  # both slots running, one request waiting: over the gate
+    env.loads.record(other.id, 0, at=NOW)
+    assert p.select(workers, RouteRequest("m", group(0) + " a question"), NOW) is other  # a free slot: spilled
+    assert p.observe("m", other.url, group(3), 0)  # now every slot of the other holds a prompt
+    env.loads.record(other.id, 0, at=NOW)
+    decision = p.decide(workers, RouteRequest("m", group(1) + " a question"), NOW)
+    assert decision.worker is holder and decision.branch == "hit" and decision.fallback is None
+
+
 def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has() -> None:
     """llama.cpp's /props is read beside the polls, so the first groups may go out before the router knows the
     engine keeps two prompts: those sent then still take a slot (the benchmark's 0.926 -> 0.81 when they did not:
