@@ -20,8 +20,8 @@ Branches
    system prompt every conversation shares says nothing of this one).  The request goes to the holder within the
    gate that prefills the fewest requests, then the least loaded, then the first by rendezvous rank.  If every
    holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``; unless no other worker within
-   the gate has a free slot on an engine that keeps one prompt per slot (a spill would evict a whole prompt): then
-   the holders as above.  If no holder is routable it
+   the gate has a free slot on an engine that keeps one prompt per slot (a spill would evict a whole prompt; one of
+   several replicas not told each other's routes knows of no free slot): then the holders as above.  If no holder is routable it
    is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
@@ -313,10 +313,11 @@ class CacheAwarePolicy(Policy):
     def _waits(self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key: int) -> list[int]:
         """The holders, when every holder is over the gate and no other worker within it has a free slot for the
         prompt on an engine that keeps one prompt per slot: a spill there evicts a whole other prompt, whose next
-        request is cold too, while waiting costs one request.  Else none (the hit spills)."""
-        slots = self.ctx.loads.slots
+        request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several replicas
+        not told each other's routes knows no slot engine's free slots (the others fill them): none counts."""
+        slots, complete = self.ctx.loads.slots, self.ctx.settings.index_complete
         for i, w in enumerate(workers):
-            if ok[i] and i not in holders and (slots(w.id) is None or self._slot_room(w, key)):
+            if ok[i] and i not in holders and (slots(w.id) is None or (complete and self._slot_room(w, key))):
                 return []
         return holders
 
