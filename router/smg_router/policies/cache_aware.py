@@ -21,8 +21,8 @@ Branches
    gate that prefills the fewest requests, then the least loaded, then the first by rendezvous rank.  If every
    holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``; unless no other worker within
    the gate has a free slot on an engine that keeps one prompt per slot (a spill would evict a whole prompt; one of
-   several replicas not told each other's routes knows of no free slot): then the holders as above.  If no holder is routable it
-   is placed: fallback ``stale_tenant``.
+   several replicas not told each other's routes knows of no free slot): then the holders as above.  If no holder
+   is routable it is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
    evicted since its cache was last empty; an engine that keeps one prompt per slot: a slot free or holding this
