@@ -541,6 +541,21 @@ def test_decisions_name_the_namespace_and_count_the_match_offered_against_the_ma
     assert env.sample("smg_routing_matched_chars_total", model="m", role="regular", of="chosen") == len(text)
 
 
+def group(i: int) -> str:
+    """The prompt of document group ``i``: 98 chars, each group's own."""
+    return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
+
+
+def _slot_fleet(**settings: Any) -> tuple[Env, list[Any], Any]:
+    """Two llama.cpp-like engines of 2 slots each (one prompt per slot), one char a token, and a policy over them."""
+    env = Env(tree_chars_per_token=1.0, **settings)
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    for w in workers:
+        env.loads.record_kv(w.id, 8192, slots=2)
+    return env, workers, p
+
+
 def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> None:
     """llama.cpp keeps one prompt per slot (``LoadView.slots``, from /props): eight groups on four engines of two
     slots go two to each, whatever the hash says and however few chars they are (the tree's char cap, 8192 a worker,
@@ -554,9 +569,6 @@ def test_a_slot_engine_is_full_once_each_slot_holds_a_prompt_however_short() -> 
     p.sync(workers)
     for w in workers:
         env.loads.record_kv(w.id, 8192, slots=2)
-
-    def group(i: int) -> str:
-        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90  # 98 chars
 
     ranks = {i: rendezvous_ranked(workers, [True] * 4, placement_key(group(i), 1024), 4) for i in range(400)}
     firsts = [ranks[i][0] for i in range(8)]
@@ -577,15 +589,7 @@ def test_no_new_prompt_goes_to_a_slot_engine_without_a_free_slot_however_idle() 
     while it is within the load gate."""
     from smg_router.policies.placement import placement_key, rendezvous_ranked
 
-    env = Env(tree_chars_per_token=1.0)
-    workers = [make_worker(i) for i in (2, 3)]
-    p = _policy(env, workers)
-    for w in workers:
-        env.loads.record_kv(w.id, 8192, slots=2)
-
-    def group(i: int) -> str:
-        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
-
+    env, workers, p = _slot_fleet()
     ranks = {i: rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 2) for i in range(400)}
     first = [i for i, r in ranks.items() if r[0] == 0]
     full, free = workers
@@ -604,15 +608,7 @@ def test_a_hit_on_a_busy_slot_engine_waits_rather_than_evict_another_groups_slot
     """On engines that keep one prompt per slot a spill evicts a whole other group's prompt (its next request is cold
     too): a hit whose holder is over the gate waits there unless some worker within the gate has a free slot.
     llama.cpp's 2-slot engines kept 0.75 of their cached share instead of 0.93 when such spills happened."""
-    env = Env(tree_chars_per_token=1.0)
-    workers = [make_worker(i) for i in (2, 3)]
-    p = _policy(env, workers)
-    for w in workers:
-        env.loads.record_kv(w.id, 8192, slots=2)
-
-    def group(i: int) -> str:
-        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
-
+    env, workers, p = _slot_fleet()
     holder, other = workers
     assert p.observe("m", holder.url, group(0), 0)
     assert p.observe("m", holder.url, group(1), 0)
@@ -629,11 +625,7 @@ def test_a_hit_on_a_busy_slot_engine_waits_rather_than_evict_another_groups_slot
 def test_one_of_several_replicas_never_spills_a_hit_to_a_slot_engine() -> None:
     """A replica not told the others' routes sees free slots where the others' prompts are: it cannot tell a free
     slot, so a hit on a busy slot engine waits (at 4 replicas such spills kept 0.35 of llama.cpp's cached share)."""
-    env = Env(tree_chars_per_token=1.0, index_complete=False)
-    workers = [make_worker(i) for i in (2, 3)]
-    p = _policy(env, workers)
-    for w in workers:
-        env.loads.record_kv(w.id, 8192, slots=2)
+    env, workers, p = _slot_fleet(index_complete=False)
     holder, other = workers
     prompt = "doc 000 " + "a" * 90
     assert p.observe("m", holder.url, prompt, 0)
@@ -653,9 +645,6 @@ def test_the_prompts_sent_before_a_slot_engine_said_its_slots_count_once_it_has(
     env = Env(tree_chars_per_token=1.0)
     workers = [make_worker(i) for i in (2, 3)]
     p = _policy(env, workers)
-
-    def group(i: int) -> str:
-        return f"doc {i:03d} " + "abcdefghij"[i % 10] * 90
 
     ranks = {i: rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 2) for i in range(400)}
     mine = [i for i, ranked in ranks.items() if ranked[0] == 0]
