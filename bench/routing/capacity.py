@@ -26,6 +26,8 @@ class CostModel:
     decode_step_ms_per_req: float = 0.3
     max_running: int = 16
     kv_capacity: int = 7000
+    cache_on: str = "prefill"
+    """When a prompt enters the engine's prefix cache: after its prefill (SGLang) or when scheduled (vLLM)."""
 
     def batch(self, tokens_per_request: float) -> int:
         """Requests a worker runs at once at saturation (memory-bound or slot-bound)."""

@@ -155,6 +155,7 @@ def start_sims(
                     *("--kv-capacity", str(cost.kv_capacity), "--max-running", str(cost.max_running)),
                     *("--prefill-tps", str(cost.prefill_tps), "--decode-step-ms", str(cost.decode_step_ms)),
                     *("--decode-step-ms-per-req", str(cost.decode_step_ms_per_req), "--log-level", "warning"),
+                    *("--cache-on", cost.cache_on),
                     *(
                         ("--kv-events-endpoint", f"tcp://{host}:*", "--kv-events-replay-endpoint", f"tcp://{host}:*")
                         if kv_events

@@ -89,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-tps", type=float, default=4000.0)
     p.add_argument("--decode-step-ms", type=float, default=15.0)
     p.add_argument("--decode-step-ms-per-req", type=float, default=0.3)
+    p.add_argument(
+        "--cache-on",
+        choices=("prefill", "schedule"),
+        default="prefill",
+        help="when the workers cache a prompt: after its prefill (SGLang) or when scheduled (vLLM); smg-sim --help",
+    )
     p.add_argument("--groups", type=int, default=None, help="shared_prefix: prefix groups (default 12)")
     p.add_argument("--questions", type=int, default=None, help="shared_prefix: questions per group (default 10)")
     p.add_argument("--prefix-chars", type=int, default=None, help="shared_prefix: prefix length (default 2000)")
@@ -220,6 +226,7 @@ def run_workload(
         decode_step_ms_per_req=a.decode_step_ms_per_req,
         max_running=a.max_running or workload.max_running,
         kv_capacity=a.kv_capacity or workload.kv_capacity,
+        cache_on=a.cache_on,
     )
     capacity = _capacity(workload, cost, workers=a.workers, basis=a.capacity_basis)
     plan_oracle = oracle_cached((r.prompt, r.answer) for r in workload.requests)

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .config import DEFAULT_BOOTSTRAP_PORT, KV_EVENTS_FORMATS, ROLES, VLLM_PD_ROLES, SimConfig
+from .config import CACHE_ON, DEFAULT_BOOTSTRAP_PORT, KV_EVENTS_FORMATS, ROLES, VLLM_PD_ROLES, SimConfig
 from .server import start_sim
 
 log = logging.getLogger("smg_sim")
@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decode role: send an OpenAI stream's head before the KV arrived from the prefill worker (as SGLang does)",
     )
+    p.add_argument(
+        "--cache-on",
+        choices=CACHE_ON,
+        default=d.cache_on,
+        help="when a prompt enters the prefix cache: after its prefill (SGLang) or when scheduled (vLLM)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block (the KV events' unit)")
     p.add_argument(
         "--kv-events-endpoint",
@@ -151,6 +157,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         bootstrap_timeout=args.bootstrap_timeout,
         room_ttl=args.room_ttl,
         stream_head_first=args.stream_head_first,
+        cache_on=args.cache_on,
         block_size=args.block_size,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,

@@ -19,6 +19,8 @@ VllmPD = Literal["off", "prefill", "decode"]
 VLLM_PD_ROLES: tuple[VllmPD, ...] = ("off", "prefill", "decode")
 KvEventsFormat = Literal["vllm", "vllm-array", "sglang", "sglang-array"]
 KV_EVENTS_FORMATS: tuple[KvEventsFormat, ...] = ("vllm", "vllm-array", "sglang", "sglang-array")
+CacheOn = Literal["prefill", "schedule"]
+CACHE_ON: tuple[CacheOn, ...] = ("prefill", "schedule")
 
 #: Default port of the prefill bootstrap server, the same as SGLang's `--disaggregation-bootstrap-port`.
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -100,6 +102,12 @@ class SimConfig:
     """Decode role: an OpenAI stream's head (200, ``text/event-stream``) goes out before the KV arrived from the
     prefill worker, as SGLang's decode server sends it; a failed transfer is then an error event in the stream."""
 
+    cache_on: CacheOn = "prefill"
+    """When a prompt enters the prefix cache.  ``prefill``: once its prefill is done, as SGLang's radix cache
+    inserts it, so requests admitted together with it prefill it each.  ``schedule``: in the step that schedules
+    it, as vLLM's block manager caches a block when it allocates it, so every request scheduled with it or after
+    it shares its prefix, and its KV events are published before its prefill ends."""
+
     block_size: int = 16
     """Tokens per KV block, the unit KV events announce (vLLM's default block size)."""
 
@@ -164,6 +172,8 @@ class SimConfig:
             yield "bootstrap_timeout and room_ttl must be > 0"
         if self.block_size < 1:
             yield "block_size must be >= 1"
+        if self.cache_on not in CACHE_ON:
+            yield f"cache_on must be one of {CACHE_ON}, got {self.cache_on!r}"
         if self.kv_events_format not in KV_EVENTS_FORMATS:
             yield f"kv_events_format must be one of {KV_EVENTS_FORMATS}, got {self.kv_events_format!r}"
         if self.kv_events_replay_endpoint is not None and self.kv_events_endpoint is None:

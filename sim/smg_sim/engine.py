@@ -137,8 +137,8 @@ class _Seq:
         return len(self.req.tokens)
 
     in_cache: bool = False
-    """The prompt was inserted into the prefix cache (after its prefill): from then on its KV is the cache's,
-    shared with every request of the same prefix, as SGLang's radix cache shares it."""
+    """The prompt was inserted into the prefix cache (after its prefill, or when scheduled: ``cache_on``): from
+    then on its KV is the cache's, shared with every request of the same prefix."""
     pin: Pin | None = None
     """Its cached prefix (then its whole prompt), pinned in the cache while it runs."""
 
@@ -303,6 +303,12 @@ class Engine:
         if length is not None:
             seq.pin = self._cache.pin(seq.req.tokens, length)
 
+    def _cache_prompt(self, seq: _Seq) -> None:
+        """Put ``seq``'s prompt in the prefix cache, pinned while it runs: its KV is the cache's from now on."""
+        self._cache.insert(seq.req.tokens)
+        self._repin(seq, seq.prompt_len)
+        seq.in_cache = True
+
     def _private_tokens(self) -> int:
         """KV the running requests hold outside the prefix cache: the cache may keep the rest."""
         return sum(s.private_tokens for s in self._running)
@@ -341,7 +347,10 @@ class Engine:
                 break  # memory-bound: wait until running requests finish and free their KV
             self._waiting.popleft()
             if seq.req.transferred_cached is None:
-                seq.pin = self._cache.pin(seq.req.tokens, seq.cached)
+                if self._config.cache_on == "schedule":
+                    self._cache_prompt(seq)  # the requests admitted after it, in this step too, share it
+                else:
+                    seq.pin = self._cache.pin(seq.req.tokens, seq.cached)
             seq.phase = _Phase.DECODE if seq.req.transferred_cached is not None else _Phase.PREFILL
             self._prompt_tokens_total += seq.prompt_len
             self._cached_tokens_total += seq.cached
@@ -363,9 +372,8 @@ class Engine:
         for seq in batch:
             if seq.phase is not _Phase.PREFILL:
                 continue  # aborted meanwhile
-            self._cache.insert(seq.req.tokens)
-            self._repin(seq, seq.prompt_len)
-            seq.in_cache = True
+            if not seq.in_cache:
+                self._cache_prompt(seq)
             seq.phase = _Phase.DECODE
             if seq.req.max_new_tokens == 0:
                 self._finish(seq, FinishReason("length"), "")

@@ -327,6 +327,42 @@ def test_a_prefix_sent_straight_to_an_engine_is_found_through_the_router(fleet: 
     assert cached(answer) == expected >= 12 * BLOCK_SIZE, answer["usage"]
 
 
+def test_a_burst_on_a_new_prefix_scheduled_together_is_prefilled_once(fleet: Fleet) -> None:
+    """vLLM caches a block when it schedules it, before the step computes it, so the requests of a burst scheduled
+    in the same step share the first one's prefix (SGLang inserts a prompt once prefilled: each would compute it).
+    smg-sim's ``--cache-on schedule`` stands for this.  A long prompt ahead keeps the engine busy while the burst
+    arrives, so the burst waits and is scheduled together."""
+    engine = fleet.engines[1]
+    rng = random.Random("burst")
+    blocker = words(rng, 1100)  # ~1,800 tokens: a prefill long enough for the burst to queue behind it
+    prefix = words(rng, 300)
+    prompts = [f"{prefix} Question {i}: {words(rng, 6)}?" for i in range(6)]
+    start = threading.Barrier(len(prompts) + 1)
+    spans: list[tuple[float, float]] = []
+
+    def send(prompt: str) -> dict[str, Any]:
+        start.wait()
+        began = time.monotonic()
+        answer = complete(engine.url, prompt)[1]
+        spans.append((began, time.monotonic()))
+        return answer
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts) + 1) as pool:
+        ahead = pool.submit(complete, engine.url, blocker)
+        futures = [pool.submit(send, p) for p in prompts]
+        time.sleep(0.01)
+        start.wait()
+        answers = [f.result() for f in futures]
+        ahead.result()
+    assert max(b for b, _ in spans) < min(e for _, e in spans)  # all six were in the engine at once
+    ids = [fleet.tokenizer.encode(p) for p in prompts]
+    shared = [expected_cached([o for o in ids if o is not mine], mine) for mine in ids]
+    assert min(shared) >= 14 * BLOCK_SIZE
+    got = [cached(a) for a in answers]
+    assert got.count(0) == 1, got  # one computed the prefix; the five others found its blocks
+    assert all(c == s for c, s in zip(got, shared, strict=True) if c), (got, shared)
+
+
 def test_an_engine_that_evicts_tells_the_router_which_blocks_went(fleet: Fleet) -> None:
     """New prompts sent straight to one engine fill its 128 blocks until it evicts (vLLM removes the least recently
     used blocks when a store needs their room, and says so in the same batch): the router's index drops them too,

@@ -141,6 +141,37 @@ async def test_requests_sharing_a_cached_prefix_share_its_kv() -> None:
     assert engine.cache.locked == 0
 
 
+@pytest.mark.parametrize(("cache_on", "follower_cached"), [("prefill", 0), ("schedule", 1010)])
+async def test_requests_admitted_together_share_a_new_prefix_only_when_it_is_cached_on_schedule(
+    cache_on: str, follower_cached: int
+) -> None:
+    """A burst on a new prefix (1000 tokens, then " question " and a digit): SGLang caches a prompt once
+    prefilled, so the burst's requests admitted in the same step each prefill it; vLLM caches a block when it
+    schedules it, so the requests scheduled with it share it."""
+    prefix = encode("q" * 1000)
+    async with running_engine(prefill_tps=10_000.0, cache_on=cache_on) as engine:
+        results = await asyncio.gather(
+            *(run_to_end(engine, EngineRequest(prefix + encode(f" question {i}"), 2)) for i in range(4))
+        )
+        stats = engine.stats()
+    assert results[0][1].cached_tokens == 0
+    assert [out.cached_tokens for _, out, _ in results[1:]] == [follower_cached] * 3
+    uncached = 4 * (len(prefix) + 11) - 3 * follower_cached
+    assert stats.prompt_tokens_total - stats.cached_tokens_total == uncached
+    assert max(ttft for _, _, ttft in results) == pytest.approx(uncached / 10_000)  # one prefill batch
+    assert engine.cache.locked == 0
+
+
+async def test_a_prompt_cached_on_schedule_is_in_the_cache_before_its_prefill_ends() -> None:
+    prompt = encode("r" * 2000)
+    async with running_engine(prefill_tps=1_000.0, cache_on="schedule") as engine:  # a 2 s prefill
+        task = asyncio.create_task(run_to_end(engine, EngineRequest(prompt, 2)))
+        await wait_until_async(lambda: engine.stats().num_running_reqs == 1, what="scheduled")
+        assert engine.cache.match(prompt) == len(prompt)
+        assert not task.done()
+        await task
+
+
 async def test_stop_string_ends_generation_early() -> None:
     async with running_engine(time_scale=0.0) as engine:
         full, _, _ = await run_to_end(engine, EngineRequest(encode("stop test"), 40))
