@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # fleet.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
+from bounds import lru_placed, pooled_optimum
 from capacity import CostModel, fleet_capacity
 from fleet import Launch, Target
 from oracle import common_prefix_len, oracle_cached
@@ -139,3 +140,15 @@ def test_a_vllm_replica_gets_its_own_metrics_port_and_with_events_every_workers_
     replays = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-event-replay-source"]
     assert sources == [f"{w}={events[w][0]}" for w in workers]
     assert replays == [f"{w}={events[w][1]}" for w in workers]
+
+
+def test_the_pooled_optimum_keeps_the_group_asked_again_soonest_and_lru_the_last_used() -> None:
+    # room for 2 groups; each request is worth 1 when its group is held
+    groups = ["a", "b", "c", "a", "b", "c", "a"]
+    credit = [1] * len(groups)
+    # Belady: at c (1st) keep a, b (asked at 3, 4) and skip c; then a, b hit; at c (2nd) drop b (never again): a hits
+    assert pooled_optimum(groups, credit, 2) == 3
+    # LRU on one worker of 2 evicts the group asked next every time: no hit at all
+    assert lru_placed(groups, credit, 2, lambda _g: 0) == 0
+    # a on worker 1 alone, b and c sharing worker 0: a hits twice
+    assert lru_placed(groups, credit, 1, lambda g: 1 if g == "a" else 0) == 2
