@@ -5,7 +5,8 @@ the request's model:
 
 Inputs
 - the cache index of each worker (``policies.index``): the deepest prefix of the prompt a worker holds, and the
-  workers that hold it (the holders);
+  workers that hold it (the holders; on an engine that keeps one prompt per slot, only while a slot does:
+  ``policies.slots``);
 - each worker's load: its engine's running + waiting requests as last polled, plus what this router sent it since
   (``LoadView.effective``); for a holder, less the streamed requests on this prompt's prefix there that have not
   started their answer (they join its prefill: the engine computes it once);
@@ -25,8 +26,8 @@ Branches
    is routable it is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
-   evicted since its cache was last empty; an engine that keeps one prompt per slot: a slot free or holding this
-   prompt's key), or all of them when none has; of those the ones holding the fewest prompts of its size
+   evicted since its cache was last empty; an engine that keeps one prompt per slot: a slot free or holding a prompt
+   alike), or all of them when none has; of those the ones holding the fewest prompts of its size
    (groups spread evenly; not compared by the events of a full engine, which caches less the busier it is), then
    the ones that prefill the fewest requests, then the one that ranks first for the prompt's placement key by
    rendezvous hashing.  One of several replicas not told each other's
@@ -52,13 +53,13 @@ router under ``tree_memory_budget`` bytes.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
 from smg_router.metrics import CounterSeries, Metrics
 from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest
 from smg_router.policies.index import CacheIndex, EventIndex, deepest
 from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_score, within_gate
+from smg_router.policies.slots import SlotPrompts
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -108,9 +109,9 @@ class CacheAwarePolicy(Policy):
         lifecycle calls it on every add, PUT and PATCH), read by ``tenant_cap`` off the request path."""
         self._counts: dict[str, _Counts] = {}
         """model -> its decision series (``_Counts``)."""
-        self._held: dict[str, OrderedDict[int, None]] = {}
-        """worker url -> placement keys of the last prompts sent it, oldest first, at most one per slot, for a worker
-        whose engine keeps one prompt per slot (``LoadView.slots``: llama.cpp): what its slots hold."""
+        self._held: dict[str, SlotPrompts] = {}
+        """worker url -> what its slots hold, for a worker whose engine keeps one prompt per slot (``LoadView.slots``:
+        llama.cpp)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     def sync(self, workers: Sequence[Worker]) -> None:
@@ -179,7 +180,7 @@ class CacheAwarePolicy(Policy):
             url = choose(deepest(text, req.tokens, self._indexes(tree, workers), req.namespace))
             self._index_of(tree, url).insert(text, url, req.tokens, req.namespace)
         assert decision is not None  # match_and_insert always asks
-        self._hold(decision.worker.url, key)
+        self._hold(decision.worker.url, key_text)
         return decision
 
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
@@ -188,7 +189,7 @@ class CacheAwarePolicy(Policy):
         held = index.match(req.text, req.tokens, req.namespace)
         index.insert(req.text, worker.url, req.tokens, req.namespace)
         key_text = self._key_text(req.text, req.head)
-        self._hold(worker.url, placement_key(key_text, self.ctx.settings.placement_prefix_chars))
+        self._hold(worker.url, key_text)
         matched = held.matched_chars if worker.url in held.tenants else 0
         return Decision(
             worker=worker,
@@ -205,7 +206,7 @@ class CacheAwarePolicy(Policy):
         if worker_url not in self._served:
             return False
         self._index_of(self._tree(model), worker_url).insert(text, worker_url)
-        self._hold(worker_url, placement_key(self._key_text(text, head), self.ctx.settings.placement_prefix_chars))
+        self._hold(worker_url, self._key_text(text, head))
         return True
 
     def _tree(self, model: str) -> RadixTree:
@@ -232,20 +233,16 @@ class CacheAwarePolicy(Policy):
         whole text), at most placement_prefix_chars."""
         return text[: min(head or len(text), self.ctx.settings.placement_prefix_chars)]
 
-    def _hold(self, worker_url: str, key: int) -> None:
-        """A slot engine (``LoadView.slots``) was sent this prompt: its key is the most recent of the worker's held
-        keys, the oldest past one per slot forgotten, as the engine's least recently used slot is reused.  Kept
-        too while the engine has reported neither slots nor a KV capacity (llama.cpp's ``/props`` is read after
-        its first requests may have gone out); no longer once it reported a capacity without slots (SGLang, vLLM)."""
+    def _hold(self, worker_url: str, key_text: str) -> None:
+        """A slot engine (``LoadView.slots``) was sent this prompt: it takes the slot of a prompt alike, else the
+        least recently used one (``SlotPrompts``).  Kept too while the engine has reported neither slots nor a KV
+        capacity (llama.cpp's ``/props`` is read after its first requests may have gone out); no longer once it
+        reported a capacity without slots (SGLang, vLLM)."""
         loads, worker_id = self.ctx.loads, worker_id_for(worker_url)
         slots = loads.slots(worker_id)
         if slots is None and loads.kv_tokens(worker_id) is not None:
             return
-        held = self._held.setdefault(worker_url, OrderedDict())
-        held[key] = None
-        held.move_to_end(key)
-        while len(held) > (slots or UNKNOWN_SLOTS):
-            held.popitem(last=False)
+        self._held.setdefault(worker_url, SlotPrompts()).sent(key_text, slots or UNKNOWN_SLOTS)
 
     def _decide(
         self,
@@ -272,12 +269,12 @@ class CacheAwarePolicy(Policy):
         covered = not req.head or match.matched_chars >= len(key_text)
         branch, fallback, chosen = "miss", None, -1
         if rate > s.cache_threshold and covered:
-            holders = [i for i, w in enumerate(workers) if w.url in match.tenants]
+            holders = [i for i, w in enumerate(workers) if self._holds(w, match, key_text)]
             gated, gate = loads, ok
             if any(key_text in workers[i].joining for i in holders):  # requests that join its prefill
                 gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
                 gate = within_gate(gated, slots, s)
-            usable = [i for i in holders if gate[i]] or self._waits(workers, ok, holders, key)
+            usable = [i for i in holders if gate[i]] or self._waits(workers, ok, holders, key_text)
             if usable:
                 branch = "hit"
                 chosen = min(
@@ -290,14 +287,14 @@ class CacheAwarePolicy(Policy):
         if chosen < 0:
             if fallback is None and not all(ok):
                 fallback = "imbalance"  # the workers' backlog ruled some out of placement
-            chosen = self._place(workers, ok, key, len(text), model)
+            chosen = self._place(workers, ok, key, key_text, len(text), model)
             if branch == "miss" and text.startswith(NAMESPACE_MARK):
                 branch = "namespace"
         if fallback is not None:
             self.fallback(model, fallback)
         counts.decided(branch)
         worker = workers[chosen]
-        held = match.matched_chars if worker.url in match.tenants else 0
+        held = match.matched_chars if self._holds(worker, match, key_text) else 0
         if held:
             counts.chosen.inc(held)
         return Decision(
@@ -310,18 +307,28 @@ class CacheAwarePolicy(Policy):
             fallback=fallback,
         )
 
-    def _waits(self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key: int) -> list[int]:
+    def _holds(self, worker: Worker, match: Match, key_text: str) -> bool:
+        """Whether the worker holds the matched prefix: its index says so and, on an engine that keeps one prompt
+        per slot, one of its slots still does (they take the prompts of its last requests, ``SlotPrompts``)."""
+        if worker.url not in match.tenants:
+            return False
+        held = self._held.get(worker.url)
+        return self.ctx.loads.slots(worker.id) is None or held is None or held.holds(key_text, match.matched_chars)
+
+    def _waits(self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key_text: str) -> list[int]:
         """The holders, when every holder is over the gate and no other worker within it has a free slot for the
         prompt on an engine that keeps one prompt per slot: a spill there evicts a whole other prompt, whose next
         request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several replicas
         not told each other's routes knows no slot engine's free slots (the others fill them): none counts."""
         slots, complete = self.ctx.loads.slots, self.ctx.settings.index_complete
         for i, w in enumerate(workers):
-            if ok[i] and i not in holders and (slots(w.id) is None or (complete and self._slot_room(w, key))):
+            if ok[i] and i not in holders and (slots(w.id) is None or (complete and self._slot_room(w, key_text))):
                 return []
         return holders
 
-    def _place(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int, model: str) -> int:
+    def _place(
+        self, workers: Sequence[Worker], ok: Sequence[bool], key: int, key_text: str, size: int, model: str
+    ) -> int:
         """Placement (module docstring, 2): of the workers within the gate, those with room for the prompt (all when
         none has), of those the ones holding the fewest prompts of its size (but by a full engine's events: a busy
         engine caches less), then those prefilling the fewest requests, then the first by rendezvous rank.
@@ -329,7 +336,7 @@ class CacheAwarePolicy(Policy):
         engines' events, when every worker has them (``_place_shared``), else by rank alone."""
         if not self.ctx.settings.index_complete:
             if all(w.url in self._own for w in workers):
-                return self._place_shared(workers, ok, key, size)
+                return self._place_shared(workers, ok, key, key_text, size)
             return rendezvous_pick(workers, ok, key)
         tree = self._trees[model]
         best: tuple[bool, int, int, int] | None = None
@@ -337,7 +344,7 @@ class CacheAwarePolicy(Policy):
         for i, w in enumerate(workers):
             if ok[i]:
                 index = self._index_of(tree, w.url)
-                room = self._has_room(index, w, size, key)
+                room = self._has_room(index, w, size, key_text)
                 # what a full engine's events say it caches is its capacity less its running requests': not compared
                 counted = room or not isinstance(index, EventIndex)
                 rank = (
@@ -350,14 +357,16 @@ class CacheAwarePolicy(Policy):
                     best, chosen = rank, i
         return chosen  # the least loaded worker is always within the gate
 
-    def _place_shared(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, size: int) -> int:
+    def _place_shared(self, workers: Sequence[Worker], ok: Sequence[bool], key: int, key_text: str, size: int) -> int:
         """Placement by the engines' events alone: of the workers within the gate with room for the prompt, the two
         its key ranks first by rendezvous, and of those the one holding fewer prompts (then the first); with none
         with room, the first by rank.  Two choices, not the fleet's least: every replica sees the same counts, and
         the engines tell of a prompt only once it is prefilled, so a burst of new prompts would all go to the one
         the events show emptiest; each prompt's own two spread them, and still go where fewer are."""
         within = [i for i, w in enumerate(workers) if ok[i]]
-        roomy = [i for i in within if self._has_room(self._own[workers[i].url], workers[i], size, key, shared=True)]
+        roomy = [
+            i for i in within if self._has_room(self._own[workers[i].url], workers[i], size, key_text, shared=True)
+        ]
         if not roomy:  # every cache full: a prompt evicts one wherever it goes, and a busy engine caches less
             return rendezvous_pick(workers, ok, key)
         ranked = sorted(roomy, key=lambda i: rendezvous_score(key, workers[i].id), reverse=True)
@@ -373,27 +382,26 @@ class CacheAwarePolicy(Policy):
         held = index.tenant_size(worker.url, shared=shared)
         return (held + size // 2) // max(1, size)  # rounded: a prompt a char short is one
 
-    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key: int, shared: bool = False) -> bool:
+    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key_text: str, shared: bool = False) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
-        engine that keeps one prompt per slot, instead, whether a slot is free for the prompt's key (or holds it):
+        engine that keeps one prompt per slot, instead, whether a slot is free for the prompt (or holds one alike):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more
         prompts than it keeps."""
         if self.ctx.loads.slots(worker.id) is not None:
-            return self._slot_room(worker, key)
+            return self._slot_room(worker, key_text)
         if isinstance(index, EventIndex) and index.full(worker.url):
             return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 
-    def _slot_room(self, worker: Worker, key: int) -> bool:
-        """On an engine that keeps one prompt per slot: whether a slot is free for the prompt's key, or holds it."""
+    def _slot_room(self, worker: Worker, key_text: str) -> bool:
+        """On an engine that keeps one prompt per slot: whether a slot is free for the prompt, or holds one alike."""
         slots = self.ctx.loads.slots(worker.id)
         held = self._held.get(worker.url)
         if slots is None or held is None:
             return True
-        while len(held) > slots:  # kept while its slots were not known yet
-            held.popitem(last=False)
-        return key in held or len(held) < slots
+        held.fit(slots)  # kept while its slots were not known yet
+        return held.room(key_text, slots)
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

@@ -622,6 +622,24 @@ def test_a_hit_on_a_busy_slot_engine_waits_rather_than_evict_another_groups_slot
     assert decision.worker is holder and decision.branch == "hit" and decision.fallback is None
 
 
+def test_a_slot_engine_whose_slots_took_other_prompts_since_no_longer_holds_a_prompt() -> None:
+    """A slot engine keeps the prompts of its last requests, one a slot: a group spilled there once is gone once its
+    slots took two other groups, though the tree still has its chars.  Sent there, the group's next request would
+    prefill it again and evict one of those two, whose next request is cold too (on llama.cpp one spill cost
+    eleven more misses so).  The hit goes to the holder whose slots still hold it, busier or not."""
+    env, workers, p = _slot_fleet()
+    holder, spilled = workers
+    assert p.observe("m", holder.url, group(0), 0)
+    assert p.observe("m", spilled.url, group(0), 0)  # a spill, once
+    assert p.observe("m", spilled.url, group(2), 0)
+    assert p.observe("m", spilled.url, group(3), 0)  # its two slots moved on
+    env.loads.record(holder.id, 2, at=NOW)  # busier, within the gate
+    env.loads.record(spilled.id, 0, at=NOW)
+    decision = p.decide(workers, RouteRequest("m", group(0) + " a question"), NOW)
+    assert decision.worker is holder and decision.branch == "hit"
+    assert p.decide(workers, RouteRequest("m", group(3) + " a question"), NOW).worker is spilled  # still held
+
+
 def test_one_of_several_replicas_never_spills_a_hit_to_a_slot_engine() -> None:
     """A replica not told the others' routes sees free slots where the others' prompts are: it cannot tell a free
     slot, so a hit on a busy slot engine waits (at 4 replicas such spills kept 0.35 of llama.cpp's cached share)."""
