@@ -12,20 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (binary search on slices: C-speed compares)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+from smg_router.policies.slots import shared_chars as common_prefix_len
 
 
 def oracle_cached(sequence: Iterable[tuple[str, str]]) -> list[int]:

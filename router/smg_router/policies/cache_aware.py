@@ -180,7 +180,7 @@ class CacheAwarePolicy(Policy):
             url = choose(deepest(text, req.tokens, self._indexes(tree, workers), req.namespace))
             self._index_of(tree, url).insert(text, url, req.tokens, req.namespace)
         assert decision is not None  # match_and_insert always asks
-        self._hold(decision.worker.url, key_text)
+        self._hold(decision.worker.url, key_text, len(text))
         return decision
 
     def pinned(self, worker: Worker, req: RouteRequest, branch: str) -> Decision:
@@ -189,7 +189,7 @@ class CacheAwarePolicy(Policy):
         held = index.match(req.text, req.tokens, req.namespace)
         index.insert(req.text, worker.url, req.tokens, req.namespace)
         key_text = self._key_text(req.text, req.head)
-        self._hold(worker.url, key_text)
+        self._hold(worker.url, key_text, len(req.text))
         matched = held.matched_chars if worker.url in held.tenants else 0
         return Decision(
             worker=worker,
@@ -206,7 +206,7 @@ class CacheAwarePolicy(Policy):
         if worker_url not in self._served:
             return False
         self._index_of(self._tree(model), worker_url).insert(text, worker_url)
-        self._hold(worker_url, self._key_text(text, head))
+        self._hold(worker_url, self._key_text(text, head), len(text))
         return True
 
     def _tree(self, model: str) -> RadixTree:
@@ -233,7 +233,7 @@ class CacheAwarePolicy(Policy):
         whole text), at most placement_prefix_chars."""
         return text[: min(head or len(text), self.ctx.settings.placement_prefix_chars)]
 
-    def _hold(self, worker_url: str, key_text: str) -> None:
+    def _hold(self, worker_url: str, key_text: str, length: int) -> None:
         """A slot engine (``LoadView.slots``) was sent this prompt: it takes the slot of a prompt alike, else the
         least recently used one (``SlotPrompts``).  Kept too while the engine has reported neither slots nor a KV
         capacity (llama.cpp's ``/props`` is read after its first requests may have gone out); no longer once it
@@ -242,7 +242,7 @@ class CacheAwarePolicy(Policy):
         slots = loads.slots(worker_id)
         if slots is None and loads.kv_tokens(worker_id) is not None:
             return
-        self._held.setdefault(worker_url, SlotPrompts()).sent(key_text, slots or UNKNOWN_SLOTS)
+        self._held.setdefault(worker_url, SlotPrompts()).sent(key_text, length, slots or UNKNOWN_SLOTS)
 
     def _decide(
         self,
@@ -274,7 +274,7 @@ class CacheAwarePolicy(Policy):
             if any(key_text in workers[i].joining for i in holders):  # requests that join its prefill
                 gated = [x - w.joining.get(key_text, 0) for x, w in zip(loads, workers, strict=True)]
                 gate = within_gate(gated, slots, s)
-            usable = [i for i in holders if gate[i]] or self._waits(workers, ok, holders, key_text)
+            usable = [i for i in holders if gate[i]] or self._waits(workers, ok, holders, key_text, len(text))
             if usable:
                 branch = "hit"
                 chosen = min(
@@ -315,14 +315,20 @@ class CacheAwarePolicy(Policy):
         held = self._held.get(worker.url)
         return self.ctx.loads.slots(worker.id) is None or held is None or held.holds(key_text, match.matched_chars)
 
-    def _waits(self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key_text: str) -> list[int]:
+    def _waits(
+        self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key_text: str, size: int
+    ) -> list[int]:
         """The holders, when every holder is over the gate and no other worker within it has a free slot for the
         prompt on an engine that keeps one prompt per slot: a spill there evicts a whole other prompt, whose next
         request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several replicas
         not told each other's routes knows no slot engine's free slots (the others fill them): none counts."""
         slots, complete = self.ctx.loads.slots, self.ctx.settings.index_complete
         for i, w in enumerate(workers):
-            if ok[i] and i not in holders and (slots(w.id) is None or (complete and self._slot_room(w, key_text))):
+            if (
+                ok[i]
+                and i not in holders
+                and (slots(w.id) is None or (complete and self._slot_room(w, key_text, size)))
+            ):
                 return []
         return holders
 
@@ -388,20 +394,20 @@ class CacheAwarePolicy(Policy):
         such an engine caches the last prompt of each slot, however short, so chars would count room for more
         prompts than it keeps."""
         if self.ctx.loads.slots(worker.id) is not None:
-            return self._slot_room(worker, key_text)
+            return self._slot_room(worker, key_text, size)
         if isinstance(index, EventIndex) and index.full(worker.url):
             return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 
-    def _slot_room(self, worker: Worker, key_text: str) -> bool:
+    def _slot_room(self, worker: Worker, key_text: str, size: int) -> bool:
         """On an engine that keeps one prompt per slot: whether a slot is free for the prompt, or holds one alike."""
         slots = self.ctx.loads.slots(worker.id)
         held = self._held.get(worker.url)
         if slots is None or held is None:
             return True
         held.fit(slots)  # kept while its slots were not known yet
-        return held.room(key_text, slots)
+        return held.room(key_text, size, slots)
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

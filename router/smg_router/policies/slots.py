@@ -40,19 +40,21 @@ class SlotPrompts:
     def __len__(self) -> int:
         return len(self._texts)
 
-    def _alike(self, text: str) -> int:
-        """The slot the engine would give ``text`` for its prompt (the one sharing the most with it, more than
-        ``SIMILAR`` of it), -1 for none."""
-        best, at = int(SIMILAR * len(text)), -1
+    def _alike(self, text: str, length: int) -> int:
+        """The slot the engine would give a prompt of ``length`` chars that starts with ``text``: of those whose
+        prompt shares more than ``SIMILAR`` of it, or the whole of ``text`` (the leading chars are all that is kept:
+        a longer prompt with the same ones is of the same group), the one sharing the most; -1 for none."""
+        best, at = -1, -1
         for i, held in enumerate(self._texts):
             n = shared_chars(held, text)
-            if n > best:
+            if n > best and (n > SIMILAR * length or n == len(text)):
                 best, at = n, i
         return at
 
-    def sent(self, text: str, slots: int) -> None:
-        """A request went: it takes the slot of a prompt alike, else the least recently used one."""
-        at = self._alike(text)
+    def sent(self, text: str, length: int, slots: int) -> None:
+        """A request of ``length`` chars starting with ``text`` went: it takes the slot of a prompt alike, else the
+        least recently used one."""
+        at = self._alike(text, length)
         if at >= 0:
             del self._texts[at]
         self._texts.append(text)
@@ -67,6 +69,7 @@ class SlotPrompts:
         chars = min(chars, len(text))
         return any(shared_chars(held, text) >= chars for held in self._texts)
 
-    def room(self, text: str, slots: int) -> bool:
-        """Whether a request for ``text`` would evict no other group's prompt: a slot is free or holds one alike."""
-        return len(self._texts) < slots or self._alike(text) >= 0
+    def room(self, text: str, length: int, slots: int) -> bool:
+        """Whether a request of ``length`` chars starting with ``text`` would evict no other group's prompt: a slot
+        is free or holds one alike."""
+        return len(self._texts) < slots or self._alike(text, length) >= 0

@@ -15,25 +15,39 @@ def test_shared_chars_is_the_common_prefix_length() -> None:
 def test_a_prompt_alike_takes_its_slot_and_another_the_least_recently_used() -> None:
     doc_a, doc_b, doc_c = ("doc a " + "a" * 200), ("doc b " + "b" * 200), ("doc c " + "c" * 200)
     slots = SlotPrompts()
-    slots.sent(doc_a + " q1", 2)
-    slots.sent(doc_a + " q2", 2)  # the same group: its slot, not the other one
-    assert len(slots) == 1 and slots.room(doc_b, 2)
-    slots.sent(doc_b + " q1", 2)
+    slots.sent(doc_a + " q1", 209, 2)
+    slots.sent(doc_a + " q2", 209, 2)  # the same group: its slot, not the other one
+    assert len(slots) == 1 and slots.room(doc_b, 206, 2)
+    slots.sent(doc_b + " q1", 209, 2)
     assert slots.holds(doc_a + " q3", len(doc_a)) and slots.holds(doc_b + " q2", len(doc_b))
-    assert not slots.room(doc_c, 2) and slots.room(doc_a + " q4", 2)  # full, but a prompt alike has its slot
-    slots.sent(doc_a + " q5", 2)  # a refreshed: b is now the least recently used
-    slots.sent(doc_c + " q1", 2)
+    assert not slots.room(doc_c, 206, 2) and slots.room(doc_a + " q4", 209, 2)  # full, but a prompt alike has its slot
+    slots.sent(doc_a + " q5", 209, 2)  # a refreshed: b is now the least recently used
+    slots.sent(doc_c + " q1", 209, 2)
     assert slots.holds(doc_a, len(doc_a)) and slots.holds(doc_c, len(doc_c))
     assert not slots.holds(doc_b + " q3", len(doc_b))  # its slot went to c
 
 
 def test_a_slot_holds_a_prompt_only_as_far_as_it_shares_it() -> None:
     slots = SlotPrompts()
-    slots.sent("system prompt " * 20 + "conversation one", 1)
+    slots.sent("system prompt " * 20 + "conversation one", 296, 1)
     asked = "system prompt " * 20 + "conversation two"
     assert slots.holds(asked, len("system prompt " * 20))  # the shared part is there
     assert not slots.holds(asked, len(asked))
-    slots.sent(asked, 1)  # alike: the same slot, now with the second conversation
+    slots.sent(asked, len(asked), 1)  # alike: the same slot, now with the second conversation
     assert len(slots) == 1 and slots.holds(asked, len(asked))
     slots.fit(0)
     assert len(slots) == 0
+
+
+def test_prompts_alike_are_judged_on_their_whole_length_not_their_leading_chars() -> None:
+    """Only a prompt's leading chars are kept (its placement key text, 1024 at most): two long documents that share a
+    preamble a tenth of those chars long are alike by them, but not by the prompts llama.cpp compares; and two
+    questions on one long document share all the chars kept, however little that is of their length."""
+    preamble = "Answer from the document below. " * 4  # 128 chars
+    doc_a, doc_b = preamble + "a" * 896, preamble + "b" * 896  # the leading 1024 chars of 16k-char prompts
+    slots = SlotPrompts()
+    slots.sent(doc_a, 16_000, 2)
+    slots.sent(doc_b, 16_000, 2)
+    assert len(slots) == 2  # two slots: 128 of 16,000 chars in common is not alike
+    slots.sent(doc_a, 16_400, 2)  # another question on a: the same leading chars, its slot
+    assert len(slots) == 2 and slots.holds(doc_b, len(doc_b)) and slots.holds(doc_a, len(doc_a))
