@@ -44,11 +44,13 @@ class SlotPrompts:
         """The slot the engine would give a prompt of ``length`` chars that starts with ``text``: of those whose
         prompt shares more than ``SIMILAR`` of it, or the whole of ``text`` (the leading chars are all that is kept:
         a longer prompt with the same ones is of the same group), the one sharing the most; -1 for none."""
+        head = text[: int(SIMILAR * length) + 1]  # what a prompt alike starts with (all of ``text`` when shorter)
         best, at = -1, -1
         for i, held in enumerate(self._texts):
-            n = shared_chars(held, text)
-            if n > best and (n > SIMILAR * length or n == len(text)):
-                best, at = n, i
+            if held.startswith(head):  # C-speed: most slots hold another group, which fails at once
+                n = shared_chars(held, text)
+                if n > best:
+                    best, at = n, i
         return at
 
     def sent(self, text: str, length: int, slots: int) -> None:
@@ -66,8 +68,8 @@ class SlotPrompts:
 
     def holds(self, text: str, chars: int) -> bool:
         """Whether a slot's prompt shares at least ``chars`` of ``text``'s leading chars."""
-        chars = min(chars, len(text))
-        return any(shared_chars(held, text) >= chars for held in self._texts)
+        head = text[:chars]
+        return any(held.startswith(head) for held in self._texts)
 
     def room(self, text: str, length: int, slots: int) -> bool:
         """Whether a request of ``length`` chars starting with ``text`` would evict no other group's prompt: a slot
