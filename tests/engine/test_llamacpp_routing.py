@@ -85,6 +85,37 @@ def worker_of(router: Router, engine: LlamaServer) -> dict[str, Any]:
     return next(w for w in router.workers() if w["url"] == engine.url)
 
 
+def engines_by_id(router: Router, engines: list[LlamaServer]) -> dict[str, LlamaServer]:
+    return {worker_of(router, e)["id"]: e for e in engines}
+
+
+def prefixes_ranked_onto(router: Router, per_worker: int, seed: str) -> dict[str, list[str]]:
+    """Worker id -> ``per_worker`` random prefixes whose placement keys (with `` first`` after them) rank that
+    worker first by rendezvous hashing: sent alternately, each worker's go to it (fewest held, ties by rank)."""
+    ids = [w["id"] for w in router.workers()]
+    rng = random.Random(seed)
+    by_worker: dict[str, list[str]] = {i: [] for i in ids}
+    while min(len(v) for v in by_worker.values()) < per_worker:
+        p = random_text(PREFIX_CHARS, rng)
+        key = placement_key(p + " first", PolicySettings().placement_prefix_chars)
+        top = max(ids, key=lambda i: rendezvous_score(key, i))
+        if len(by_worker[top]) < per_worker:
+            by_worker[top].append(p)
+    return by_worker
+
+
+def open_stream(base_url: str, prompt: str, max_tokens: int) -> Any:
+    """A streamed completion that generates ``max_tokens`` tokens whatever it samples; the open response."""
+    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(
+        base_url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    return urllib.request.urlopen(req, timeout=TIMEOUT)
+
+
 def test_engines_are_real_llamacpp_with_a_char_tokenizer(engines: list[LlamaServer]) -> None:
     status, body = http_json("POST", engines[0].url + "/tokenize", {"content": "Hello, SMG!"})
     assert status == 200
@@ -131,15 +162,7 @@ def test_distinct_prefixes_spread_over_both_engines_and_each_returns_to_its_cach
     # New prefixes go where a slot is free and the fewest prompts are held, ties by rendezvous rank of their
     # leading chars over the worker ids: pick 4 whose ranking puts 2 on each engine (its 2 slots), as computed
     # here from the ids alone, sent alternately, and check that the router places them so.
-    ids = [w["id"] for w in router.workers()]
-    rng = random.Random("distinct-prefixes")
-    by_engine: dict[str, list[str]] = {i: [] for i in ids}
-    while min(len(v) for v in by_engine.values()) < 2:
-        p = random_text(PREFIX_CHARS, rng)
-        key = placement_key(p + " first", PolicySettings().placement_prefix_chars)
-        top = max(ids, key=lambda i: rendezvous_score(key, i))
-        if len(by_engine[top]) < 2:
-            by_engine[top].append(p)
+    by_engine = prefixes_ranked_onto(router, 2, "distinct-prefixes")
     prefixes = [p for pair in zip(*by_engine.values(), strict=True) for p in pair]
     expected = {p: i for i, ps in by_engine.items() for p in ps}
     text = router.metrics()
@@ -170,22 +193,9 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
     router: Router, engines: list[LlamaServer]
 ) -> None:
     busy, idle = engines
+
     # A long streamed generation sent straight to one engine (so the router's own in-flight count stays 0),
     # kept running until the router has seen it, then cancelled by closing the stream.
-    body = {
-        "model": MODEL_ID,
-        "prompt": random_text(500, random.Random("long-request")),
-        "max_tokens": 3000,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    req = urllib.request.Request(
-        busy.url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-
     def busy_seen() -> dict[str, Any] | None:
         """The busy worker's entry once the router has polled both: busy at >= 1, idle at 0."""
         gauge = metric_value(router.metrics(), "smg_worker_backend_load", worker=busy.url)
@@ -194,7 +204,7 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
         # the two polls of a round land one after the other: wait for both, not just the busy one
         return loads[busy.url] if gauge >= 1 and (b["backend"] or 0) >= 1 and i["backend"] == 0 else None
 
-    with urllib.request.urlopen(req, timeout=TIMEOUT) as stream:
+    with open_stream(busy.url, random_text(500, random.Random("long-request")), max_tokens=3000) as stream:
         assert next_event(stream).startswith(b"data: ")  # the engine is generating
         assert metric_value(engine_metrics(busy), "llamacpp:requests_processing") == 1
         seen = wait_until(busy_seen, timeout=30, interval=0.05, what="the router to read both engines' /metrics")
@@ -357,3 +367,42 @@ def test_a_slot_engines_slots_are_read_at_the_routers_first_load_round(logs: Pat
         assert all(metric_value(text, "smg_worker_kv_capacity_tokens", worker=e.url) == 8192 for e in engines)
     finally:
         router.stop()
+
+
+def test_a_hit_whose_engine_runs_every_slot_with_none_waiting_waits_for_it_rather_than_prefill_it_elsewhere(
+    router: Router, engines: list[LlamaServer]
+) -> None:
+    """Engine X's two slots hold A and B, engine Y's one slot holds C and its other is free.  Both of X's slots run
+    requests (on B and A), none waits.  A request on A waits for X, where its slot frees at the next finish, and
+    is served from it.  A gate that counted a worker whose slots are all busy as over it sent it to Y's free slot,
+    which computed A again (and on a full fleet evicts a group a later request needs): that cut llama.cpp's
+    cached share by half."""
+    wait_until(
+        lambda: all(metric_value(router.metrics(), "smg_worker_kv_capacity_tokens", worker=e.url) for e in engines),
+        timeout=30,
+        interval=0.1,
+        what="both engines' slots read from /props",
+    )
+    by_worker = prefixes_ranked_onto(router, 2, "busy slots")
+    (x, (a, b)), (y, (c, _)) = by_worker.items()
+    first = [complete(router.url, p + " first") for p in (a, c, b)]
+    assert [f.worker_id for f in first] == [x, y, x]
+
+    long_b = open_stream(router.url, b + " first, then at length", max_tokens=3000)
+    try:
+        assert long_b.headers["x-smg-worker-id"] == x
+        assert next_event(long_b).startswith(b"data: ")
+        with open_stream(router.url, a + " first, then at some length", max_tokens=400) as long_a:
+            assert long_a.headers["x-smg-worker-id"] == x
+            assert next_event(long_a).startswith(b"data: ")  # X now runs both of its slots
+            assert metric_value(engine_metrics(engines_by_id(router, engines)[x]), "llamacpp:requests_processing") == 2
+
+            again = complete(router.url, a + " first, again")
+
+        assert again.worker_id == x
+        assert again.cached >= PREFIX_CHARS, again.body["usage"]  # A's slot, freed at its request's end
+    finally:
+        long_b.close()
+    later = complete(router.url, c + " first, later")
+    assert later.worker_id == y
+    assert later.cached >= PREFIX_CHARS, later.body["usage"]  # Y's slot still holds C
