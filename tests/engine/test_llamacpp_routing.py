@@ -194,8 +194,6 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
 ) -> None:
     busy, idle = engines
 
-    # A long streamed generation sent straight to one engine (so the router's own in-flight count stays 0),
-    # kept running until the router has seen it, then cancelled by closing the stream.
     def busy_seen() -> dict[str, Any] | None:
         """The busy worker's entry once the router has polled both: busy at >= 1, idle at 0."""
         gauge = metric_value(router.metrics(), "smg_worker_backend_load", worker=busy.url)
@@ -204,6 +202,8 @@ def test_load_monitor_reads_llamacpp_metrics_while_a_long_request_runs(
         # the two polls of a round land one after the other: wait for both, not just the busy one
         return loads[busy.url] if gauge >= 1 and (b["backend"] or 0) >= 1 and i["backend"] == 0 else None
 
+    # A long streamed generation sent straight to one engine (so the router's own in-flight count stays 0),
+    # kept running until the router has seen it, then cancelled by closing the stream.
     with open_stream(busy.url, random_text(500, random.Random("long-request")), max_tokens=3000) as stream:
         assert next_event(stream).startswith(b"data: ")  # the engine is generating
         assert metric_value(engine_metrics(busy), "llamacpp:requests_processing") == 1
