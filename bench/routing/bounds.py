@@ -8,6 +8,8 @@ only when its group's prefix is still held:
 
 - ``pooled optimum``: one cache of the whole fleet's KV that keeps the groups asked again soonest (Belady's
   rule); no placement over the workers, and no eviction order, does better;
+- ``LRU, pooled``: one LRU cache of the whole fleet's KV: LRU engines with each new group placed where what it
+  evicts was used longest ago, the best such engines reach without knowing which groups will be asked again;
 - ``LRU, by popularity``: each worker an LRU cache of its own KV (as the engines evict), the most requested
   groups (known in advance) fixed on all workers but one, the others sharing that one;
 - ``LRU, hashed``: the same engines, each group on a worker drawn at random (as a hash places it), the mean of
@@ -104,6 +106,7 @@ def bounds(name: str, seed: int, draws: int) -> dict[str, float] | None:
     return {
         "oracle": sum(credit) / total,
         "pooled optimum": pooled_optimum(groups, credit, room * WORKERS) / total,
+        "LRU, pooled": lru_placed(groups, credit, room * WORKERS, lambda _g: 0) / total,
         "LRU, by popularity": lru_placed(groups, credit, room, lambda g: fixed.get(g, WORKERS - 1)) / total,
         "LRU, hashed": statistics.mean(hashed) / total,
         "groups": len(asked),
