@@ -26,8 +26,9 @@ Branches
    is routable it is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
-   evicted since its cache was last empty; an engine that keeps one prompt per slot: a slot free or holding a prompt
-   alike), or all of them when none has; of those the ones holding the fewest prompts of its size
+   evicted since its cache was last empty; an engine that keeps one prompt per slot: the slot it would take is free,
+   holds a prompt alike, or holds a copy of a prompt another worker holds too, so no group is lost), or all of them
+   when none has; of those the ones holding the fewest prompts of its size
    (groups spread evenly; not compared by the events of a full engine, which caches less the busier it is), then
    the ones that prefill the fewest requests, then the one that ranks first for the prompt's placement key by
    rendezvous hashing.  One of several replicas not told each other's
@@ -327,7 +328,7 @@ class CacheAwarePolicy(Policy):
             if (
                 ok[i]
                 and i not in holders
-                and (slots(w.id) is None or (complete and self._slot_room(w, key_text, size)))
+                and (slots(w.id) is None or (complete and self._slot_room(w, key_text, size, workers)))
             ):
                 return []
         return holders
@@ -350,7 +351,7 @@ class CacheAwarePolicy(Policy):
         for i, w in enumerate(workers):
             if ok[i]:
                 index = self._index_of(tree, w.url)
-                room = self._has_room(index, w, size, key_text)
+                room = self._has_room(index, w, size, key_text, workers)
                 # what a full engine's events say it caches is its capacity less its running requests': not compared
                 counted = room or not isinstance(index, EventIndex)
                 rank = (
@@ -371,7 +372,9 @@ class CacheAwarePolicy(Policy):
         the events show emptiest; each prompt's own two spread them, and still go where fewer are."""
         within = [i for i, w in enumerate(workers) if ok[i]]
         roomy = [
-            i for i in within if self._has_room(self._own[workers[i].url], workers[i], size, key_text, shared=True)
+            i
+            for i in within
+            if self._has_room(self._own[workers[i].url], workers[i], size, key_text, workers, shared=True)
         ]
         if not roomy:  # every cache full: a prompt evicts one wherever it goes, and a busy engine caches less
             return rendezvous_pick(workers, ok, key)
@@ -388,26 +391,40 @@ class CacheAwarePolicy(Policy):
         held = index.tenant_size(worker.url, shared=shared)
         return (held + size // 2) // max(1, size)  # rounded: a prompt a char short is one
 
-    def _has_room(self, index: CacheIndex, worker: Worker, size: int, key_text: str, shared: bool = False) -> bool:
+    def _has_room(
+        self,
+        index: CacheIndex,
+        worker: Worker,
+        size: int,
+        key_text: str,
+        workers: Sequence[Worker],
+        shared: bool = False,
+    ) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
-        engine that keeps one prompt per slot, instead, whether a slot is free for the prompt (or holds one alike):
-        such an engine caches the last prompt of each slot, however short, so chars would count room for more
-        prompts than it keeps."""
+        engine that keeps one prompt per slot, instead, whether the prompt takes a slot and loses no group
+        (``_slot_room``): such an engine caches the last prompt of each slot, however short, so chars would count
+        room for more prompts than it keeps."""
         if self.ctx.loads.slots(worker.id) is not None:
-            return self._slot_room(worker, key_text, size)
+            return self._slot_room(worker, key_text, size, workers)
         if isinstance(index, EventIndex) and index.full(worker.url):
             return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 
-    def _slot_room(self, worker: Worker, key_text: str, size: int) -> bool:
-        """On an engine that keeps one prompt per slot: whether a slot is free for the prompt, or holds one alike."""
+    def _slot_room(self, worker: Worker, key_text: str, size: int, workers: Sequence[Worker]) -> bool:
+        """On an engine that keeps one prompt per slot: whether the prompt would take a slot and lose no group
+        (``SlotPrompts.evicts``): a slot is free or holds one alike, or the slot it takes holds a prompt that
+        another of ``workers`` holds too (a copy, left by a spill)."""
         slots = self.ctx.loads.slots(worker.id)
         held = self._held.get(worker.url)
         if slots is None or held is None:
             return True
         held.fit(slots)  # kept while its slots were not known yet
-        return held.room(key_text, size, slots)
+        taken = held.evicts(key_text, size, slots)
+        if taken is None:
+            return True
+        copies = (self._held.get(w.url) for w in workers if w is not worker and self.ctx.loads.slots(w.id))
+        return any(c is not None and c.holds(taken, len(taken)) for c in copies)
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

@@ -71,7 +71,9 @@ class SlotPrompts:
         head = text[:chars]
         return any(held.startswith(head) for held in self._texts)
 
-    def room(self, text: str, length: int, slots: int) -> bool:
-        """Whether a request of ``length`` chars starting with ``text`` would evict no other group's prompt: a slot
-        is free or holds one alike."""
-        return len(self._texts) < slots or self._alike(text, length) >= 0
+    def evicts(self, text: str, length: int, slots: int) -> str | None:
+        """The leading chars of the prompt a request of ``length`` chars starting with ``text`` would evict: None
+        when a slot is free or holds one alike, else the least recently used slot's."""
+        if len(self._texts) < slots or self._alike(text, length) >= 0:
+            return None
+        return self._texts[0]

@@ -640,6 +640,30 @@ def test_a_slot_engine_whose_slots_took_other_prompts_since_no_longer_holds_a_pr
     assert p.decide(workers, RouteRequest("m", group(3) + " a question"), NOW).worker is spilled  # still held
 
 
+def test_a_new_group_on_a_full_fleet_of_slot_engines_evicts_a_copy_not_a_groups_only_prompt() -> None:
+    """Every slot of two 2-slot engines is taken, group 0 on both (a spill once).  A new group evicts the least
+    recently used slot of the engine it goes to: where that slot holds a copy nothing is lost; elsewhere a group's
+    only prompt is, and its next request is cold and evicts another in turn (the cascade that followed one spill on
+    llama.cpp).  So the new group goes where the slot it takes holds a copy, whatever the rank says."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env, workers, p = _slot_fleet()
+    a, b = workers
+    for w, g in ((a, 0), (a, 1), (b, 2), (b, 0)):  # a: 0 then 1 (0 its least recent); b: 2 then 0 (2 its least)
+        assert p.observe("m", w.url, group(g), 0)
+    for w in workers:
+        env.loads.record(w.id, 0, at=NOW)
+    ranks_b_first = (
+        i for i in range(4, 400) if rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 1) == [1]
+    )
+    new = next(ranks_b_first)
+    decision = p.decide(workers, RouteRequest("m", group(new) + " a question"), NOW)
+    assert decision.worker is a and decision.branch == "miss"  # b ranks first, but its slot to take holds group 2
+    assert p.observe("m", a.url, group(new), 0)
+    for g, holder in ((0, b), (1, a), (2, b), (new, a)):  # every group still held somewhere
+        assert p.decide(workers, RouteRequest("m", group(g) + " again"), NOW).worker is holder
+
+
 def test_one_of_several_replicas_never_spills_a_hit_to_a_slot_engine() -> None:
     """A replica not told the others' routes sees free slots where the others' prompts are: it cannot tell a free
     slot, so a hit on a busy slot engine waits (at 4 replicas such spills kept 0.35 of llama.cpp's cached share)."""

@@ -17,10 +17,11 @@ def test_a_prompt_alike_takes_its_slot_and_another_the_least_recently_used() -> 
     slots = SlotPrompts()
     slots.sent(doc_a + " q1", 209, 2)
     slots.sent(doc_a + " q2", 209, 2)  # the same group: its slot, not the other one
-    assert len(slots) == 1 and slots.room(doc_b, 206, 2)
+    assert len(slots) == 1 and slots.evicts(doc_b, 206, 2) is None  # a slot is free
     slots.sent(doc_b + " q1", 209, 2)
     assert slots.holds(doc_a + " q3", len(doc_a)) and slots.holds(doc_b + " q2", len(doc_b))
-    assert not slots.room(doc_c, 206, 2) and slots.room(doc_a + " q4", 209, 2)  # full, but a prompt alike has its slot
+    assert slots.evicts(doc_c, 206, 2) == doc_a + " q2"  # full: the least recently used slot's prompt goes
+    assert slots.evicts(doc_a + " q4", 209, 2) is None  # a prompt alike has its slot
     slots.sent(doc_a + " q5", 209, 2)  # a refreshed: b is now the least recently used
     slots.sent(doc_c + " q1", 209, 2)
     assert slots.holds(doc_a, len(doc_a)) and slots.holds(doc_c, len(doc_c))
