@@ -54,13 +54,14 @@ router under ``tree_memory_budget`` bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from smg_router.metrics import CounterSeries, Metrics
 from smg_router.policies.base import NAMESPACE_MARK, Decision, Policy, PolicyContext, RouteRequest
 from smg_router.policies.index import CacheIndex, EventIndex, deepest
 from smg_router.policies.placement import placement_key, rendezvous_pick, rendezvous_score, within_gate
-from smg_router.policies.slots import SlotPrompts
+from smg_router.policies.slots import SlotPrompts, held_twice
 from smg_router.tree import Match, RadixTree
 from smg_router.workers.worker import Worker, worker_id_for
 
@@ -324,11 +325,12 @@ class CacheAwarePolicy(Policy):
         request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several replicas
         not told each other's routes knows no slot engine's free slots (the others fill them): none counts."""
         slots, complete = self.ctx.loads.slots, self.ctx.settings.index_complete
+        copies = self._copies(workers)
         for i, w in enumerate(workers):
             if (
                 ok[i]
                 and i not in holders
-                and (slots(w.id) is None or (complete and self._slot_room(w, key_text, size, workers)))
+                and (slots(w.id) is None or (complete and self._slot_room(w, key_text, size, copies)))
             ):
                 return []
         return holders
@@ -346,12 +348,13 @@ class CacheAwarePolicy(Policy):
                 return self._place_shared(workers, ok, key, key_text, size)
             return rendezvous_pick(workers, ok, key)
         tree = self._trees[model]
+        copies = self._copies(workers)
         best: tuple[bool, int, int, int] | None = None
         chosen = -1
         for i, w in enumerate(workers):
             if ok[i]:
                 index = self._index_of(tree, w.url)
-                room = self._has_room(index, w, size, key_text, workers)
+                room = self._has_room(index, w, size, key_text, copies)
                 # what a full engine's events say it caches is its capacity less its running requests': not compared
                 counted = room or not isinstance(index, EventIndex)
                 rank = (
@@ -371,10 +374,11 @@ class CacheAwarePolicy(Policy):
         the engines tell of a prompt only once it is prefilled, so a burst of new prompts would all go to the one
         the events show emptiest; each prompt's own two spread them, and still go where fewer are."""
         within = [i for i, w in enumerate(workers) if ok[i]]
+        copies = self._copies(workers)
         roomy = [
             i
             for i in within
-            if self._has_room(self._own[workers[i].url], workers[i], size, key_text, workers, shared=True)
+            if self._has_room(self._own[workers[i].url], workers[i], size, key_text, copies, shared=True)
         ]
         if not roomy:  # every cache full: a prompt evicts one wherever it goes, and a busy engine caches less
             return rendezvous_pick(workers, ok, key)
@@ -397,7 +401,7 @@ class CacheAwarePolicy(Policy):
         worker: Worker,
         size: int,
         key_text: str,
-        workers: Sequence[Worker],
+        copies: Callable[[], set[str]],
         shared: bool = False,
     ) -> bool:
         """Whether ``size`` more chars fit in the worker's share of its index under its KV cap (no cap: room); for an
@@ -405,26 +409,31 @@ class CacheAwarePolicy(Policy):
         (``_slot_room``): such an engine caches the last prompt of each slot, however short, so chars would count
         room for more prompts than it keeps."""
         if self.ctx.loads.slots(worker.id) is not None:
-            return self._slot_room(worker, key_text, size, workers)
+            return self._slot_room(worker, key_text, size, copies)
         if isinstance(index, EventIndex) and index.full(worker.url):
             return False  # its engine evicted to make room: a prompt sent there evicts another
         cap = self.tenant_cap(worker.url)
         return cap is None or index.tenant_size(worker.url, shared=shared) + size <= cap
 
-    def _slot_room(self, worker: Worker, key_text: str, size: int, workers: Sequence[Worker]) -> bool:
+    def _slot_room(self, worker: Worker, key_text: str, size: int, copies: Callable[[], set[str]]) -> bool:
         """On an engine that keeps one prompt per slot: whether the prompt would take a slot and lose no group
         (``SlotPrompts.evicts``): a slot is free or holds one alike, or the slot it takes holds a prompt that
-        another of ``workers`` holds too (a copy, left by a spill)."""
+        another worker holds too (``copies``: left by a spill)."""
         slots = self.ctx.loads.slots(worker.id)
         held = self._held.get(worker.url)
         if slots is None or held is None:
             return True
         held.fit(slots)  # kept while its slots were not known yet
         taken = held.evicts(key_text, size, slots)
-        if taken is None:
-            return True
-        copies = (self._held.get(w.url) for w in workers if w is not worker and self.ctx.loads.slots(w.id))
-        return any(c is not None and c.holds(taken, len(taken)) for c in copies)
+        return taken is None or taken in copies()
+
+    def _copies(self, workers: Sequence[Worker]) -> Callable[[], set[str]]:
+        """The prompts the slots of two or more of ``workers`` hold (``held_twice``), counted once a decision and
+        only when asked: only a full slot engine asks."""
+        slots = self.ctx.loads.slots
+        return functools.cache(
+            lambda: held_twice(self._held[w.url] for w in workers if w.url in self._held and slots(w.id))
+        )
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

@@ -9,6 +9,8 @@ recent last, the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 SIMILAR = 0.1
 """The share of a request's chars a slot's prompt must have in common with it to be given it: llama.cpp's default
 ``--slot-prompt-similarity``."""
@@ -77,3 +79,14 @@ class SlotPrompts:
         if len(self._texts) < slots or self._alike(text, length) >= 0:
             return None
         return self._texts[0]
+
+
+def held_twice(engines: Iterable[SlotPrompts]) -> set[str]:
+    """The prompts (leading chars) that the slots of two or more of these engines hold: copies, one of which can go
+    without losing its group."""
+    seen: set[str] = set()
+    twice: set[str] = set()
+    for engine in engines:
+        for text in set(engine._texts):
+            (twice if text in seen else seen).add(text)
+    return twice

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smg_router.policies.slots import SlotPrompts, shared_chars
+from smg_router.policies.slots import SlotPrompts, held_twice, shared_chars
 
 
 def test_shared_chars_is_the_common_prefix_length() -> None:
@@ -52,3 +52,12 @@ def test_prompts_alike_are_judged_on_their_whole_length_not_their_leading_chars(
     assert len(slots) == 2  # two slots: 128 of 16,000 chars in common is not alike
     slots.sent(doc_a, 16_400, 2)  # another question on a: the same leading chars, its slot
     assert len(slots) == 2 and slots.holds(doc_b, len(doc_b)) and slots.holds(doc_a, len(doc_a))
+
+
+def test_a_prompt_in_the_slots_of_two_engines_is_held_twice() -> None:
+    one, two, three = SlotPrompts(), SlotPrompts(), SlotPrompts()
+    for engine, texts in ((one, ["doc a", "doc b"]), (two, ["doc a", "doc c"]), (three, ["doc c", "doc d"])):
+        for t in texts:
+            engine.sent(t, 100, 2)
+    assert held_twice([one, two, three]) == {"doc a", "doc c"}
+    assert held_twice([one, three]) == set()
