@@ -21,9 +21,9 @@ Branches
    system prompt every conversation shares says nothing of this one).  The request goes to the holder within the
    gate that prefills the fewest requests, then the least loaded, then the first by rendezvous rank.  If every
    holder is over the gate it is placed (2): branch ``spill``, fallback ``imbalance``; unless no other worker within
-   the gate has a free slot on an engine that keeps one prompt per slot (a spill would evict a whole prompt; one of
-   several replicas not told each other's routes knows of no free slot): then the holders as above.  If no holder
-   is routable it is placed: fallback ``stale_tenant``.
+   the gate has room for it (2) on an engine that keeps one prompt per slot (a spill would evict a group's only
+   prompt; one of several replicas not told each other's routes knows of no room): then the holders as above.  If
+   no holder is routable it is placed: fallback ``stale_tenant``.
 2. miss (``namespace`` in a cache namespace): placement.  Among the workers within the gate, those whose index has
    room for the prompt (its share under the engine's KV capacity, and by the engine's events none once it has
    evicted since its cache was last empty; an engine that keeps one prompt per slot: the slot it would take is free,
@@ -320,10 +320,10 @@ class CacheAwarePolicy(Policy):
     def _waits(
         self, workers: Sequence[Worker], ok: Sequence[bool], holders: list[int], key_text: str, size: int
     ) -> list[int]:
-        """The holders, when every holder is over the gate and no other worker within it has a free slot for the
-        prompt on an engine that keeps one prompt per slot: a spill there evicts a whole other prompt, whose next
-        request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several replicas
-        not told each other's routes knows no slot engine's free slots (the others fill them): none counts."""
+        """The holders, when every holder is over the gate and no other worker within it has room for the prompt
+        on an engine that keeps one prompt per slot (``_slot_room``): a spill there evicts a group's only prompt,
+        whose next request is cold too, while waiting costs one request.  Else none (the hit spills).  One of several
+        replicas not told each other's routes knows no slot engine's room (the others fill its slots): none counts."""
         slots, complete = self.ctx.loads.slots, self.ctx.settings.index_complete
         copies = self._copies(workers)
         for i, w in enumerate(workers):
