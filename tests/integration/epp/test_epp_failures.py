@@ -3,9 +3,12 @@ fail-open passing traffic to the pool, fail-closed answering an error; and the p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +55,43 @@ def test_over_the_admission_limit_the_picker_sheds_with_a_429(gateway: Gateway, 
     assert status == 200  # the slot came back when the stream ended
 
 
-def test_picker_down_fail_open_passes_traffic_and_fail_closed_answers_an_error(gateway: Gateway) -> None:
+@contextlib.contextmanager
+def dying_picker(host: str, seconds: float = 0.3) -> Iterator[int]:
+    """A port on ``host`` where a picker takes each connection, reads what Envoy sends for ``seconds`` without an
+    answer, then goes (closes it)."""
+    listener = socket.create_server((host, 0))
+    listener.settimeout(0.05)  # so the loop sees ``stop``
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(0.05)
+                until = time.monotonic() + seconds
+                while time.monotonic() < until:
+                    try:
+                        if not conn.recv(65536):
+                            break
+                    except TimeoutError:
+                        pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def test_picker_down_fail_open_passes_traffic_and_fail_closed_answers_an_error(
+    gateway: Gateway, picker: Router
+) -> None:
     closed = free_port()  # nothing listens there: the picker is down
     prompt = {"model": MODEL, "prompt": "open", "max_tokens": 1}
     for mode in ("BUFFERED", "STREAMED"):
@@ -60,9 +99,12 @@ def test_picker_down_fail_open_passes_traffic_and_fail_closed_answers_an_error(g
         status, body, _ = post(open_.url + "/v1/completions", prompt)
         assert status == 200, (mode, body)  # the gateway's own route without the header: round robin over the pool
         assert open_.stats()["http.gateway.ext_proc.failure_mode_allowed"] == 1
-    # full duplex: Envoy has handed the body to the picker already and cannot pass it on, fail-open or not
-    duplex = gateway(epp_port=closed, failure_mode_allow=True, request_body_mode="FULL_DUPLEX_STREAMED")
-    status, _, _ = post(duplex.url + "/v1/completions", prompt)
+    # full duplex: once Envoy has handed the body to the picker it cannot pass it on, fail-open or not.  A picker
+    # that goes while the request is in it shows that; a closed port does not always (a refusal seen before the
+    # body was read leaves the body with Envoy, which then fails open).
+    with dying_picker(picker.host) as port:
+        duplex = gateway(epp_port=port, failure_mode_allow=True, request_body_mode="FULL_DUPLEX_STREAMED")
+        status, _, _ = post(duplex.url + "/v1/completions", prompt)
     assert status == 500
     shut = gateway(epp_port=closed, failure_mode_allow=False, request_body_mode="BUFFERED")
     status, body, _ = post(shut.url + "/v1/completions", prompt)
