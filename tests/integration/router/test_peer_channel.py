@@ -209,8 +209,9 @@ def test_the_largest_peer_batch_stalls_the_router_no_more_than_a_slice_and_a_lar
     tmp_path: Path,
 ) -> None:
     """A batch of ``--peer-batch-bytes`` (1 MiB: ~7000 routes of 100 chars, each on the router's worker) is applied
-    in slices: a probe answered meanwhile never waits 20 ms.  A batch of 8 MiB is refused (413) before it is
-    parsed."""
+    in slices: a probe answered meanwhile never waits half as long as the batch took (applied in one go, one would
+    wait for most of it; in slices, 2-5 ms, a few times more on a loaded machine: times are compared within the run).
+    A batch of 8 MiB is refused (413) before it is parsed."""
     sim = start_sim(tmp_path)
     r = lone_peer_router(tmp_path, sim)
     try:
@@ -232,7 +233,7 @@ def test_the_largest_peer_batch_stalls_the_router_no_more_than_a_slice_and_a_lar
             time.sleep(0.05)
         assert status == 200, answer[:200]
         assert orjson.loads(answer)["applied"] == len(records)
-        assert probe.longest < 0.02, (probe.longest, idle.longest, took, probe.count)
+        assert probe.longest < took / 2, (probe.longest, idle.longest, took, probe.count)
 
         big = orjson.dumps({"from": "p", "records": records * 9})
         status, answer, _ = post_batch(r, big, source="127.0.0.1")
