@@ -429,11 +429,19 @@ class CacheAwarePolicy(Policy):
 
     def _copies(self, workers: Sequence[Worker]) -> Callable[[], set[str]]:
         """The prompts the slots of two or more of ``workers`` hold (``held_twice``), counted once a decision and
-        only when asked: only a full slot engine asks."""
-        slots = self.ctx.loads.slots
-        return functools.cache(
-            lambda: held_twice(self._held[w.url] for w in workers if w.url in self._held and slots(w.id))
-        )
+        only when asked: only a full slot engine asks.  Each record is first cut to its engine's slots, as
+        ``_slot_room`` cuts the one it asks of (prompts sent before the slots were known would count as copies)."""
+
+        def count() -> set[str]:
+            engines = []
+            for w in workers:
+                held, slots = self._held.get(w.url), self.ctx.loads.slots(w.id)
+                if held is not None and slots is not None:
+                    held.fit(slots)
+                    engines.append(held)
+            return held_twice(engines)
+
+        return functools.cache(count)
 
     # -- upkeep ---------------------------------------------------------------------------------
     def maintain(self) -> None:

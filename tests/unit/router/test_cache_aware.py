@@ -664,6 +664,28 @@ def test_a_new_group_on_a_full_fleet_of_slot_engines_evicts_a_copy_not_a_groups_
         assert p.decide(workers, RouteRequest("m", group(g) + " again"), NOW).worker is holder
 
 
+def test_a_prompt_sent_before_an_engine_said_its_slots_is_no_copy_once_its_slots_took_others() -> None:
+    """Prompts sent to an engine before it said its slots are kept until it does; once it has, only its last ones
+    count, for copies as for room: a group that engine no longer holds is the other engine's only prompt."""
+    from smg_router.policies.placement import placement_key, rendezvous_ranked
+
+    env = Env(tree_chars_per_token=1.0)
+    workers = [make_worker(i) for i in (2, 3)]
+    p = _policy(env, workers)
+    a, b = workers
+    env.loads.record_kv(a.id, 8192, slots=2)
+    for w, g in ((a, 0), (a, 1), (b, 0), (b, 2), (b, 3)):  # b's slots not known yet: all three kept
+        assert p.observe("m", w.url, group(g), 0)
+    env.loads.record_kv(b.id, 8192, slots=2)  # b holds 2 and 3 only
+    ranks_b_first = (
+        i for i in range(4, 400) if rendezvous_ranked(workers, [True] * 2, placement_key(group(i), 1024), 1) == [1]
+    )
+    new = next(ranks_b_first)
+    decision = p.decide(workers, RouteRequest("m", group(new) + " a question"), NOW)
+    assert decision.worker is b  # no room anywhere (group 0 is a's only prompt): by rank
+    assert p.decide(workers, RouteRequest("m", group(0) + " again"), NOW).worker is a
+
+
 def test_one_of_several_replicas_never_spills_a_hit_to_a_slot_engine() -> None:
     """A replica not told the others' routes sees free slots where the others' prompts are: it cannot tell a free
     slot, so a hit on a busy slot engine waits (at 4 replicas such spills kept 0.35 of llama.cpp's cached share)."""
